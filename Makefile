@@ -1,0 +1,39 @@
+# Two commands for a newcomer: `make demo` (set up + run the course on the tiny preset), `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch first, pinned, so nothing pulls another build; a local wheel folder is used when the machine has one.
+TORCH  ?= torch==2.13.0
+PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+STAMP  := $(VENV)/.mimo-kit-installed
+
+.PHONY: setup demo test lab notebooks lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) --upgrade pip setuptools wheel 2>&1 | grep -v "is ignored" || true
+	$(PIP) "$(TORCH)" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import torch" 
+	$(PIP) -e ".[dev,ray]" "$(TORCH)" 2>&1 | grep -v "is ignored" || true
+	$(BIN)/python -c "import mimo_kit, transformers, trl, peft, nbclient, pytest"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mimo-kit course --out runs/course
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+notebooks: $(STAMP)
+	$(BIN)/mimo-kit notebooks
+
+lint: $(STAMP)
+	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
+
+clean:
+	rm -rf runs .pytest_cache

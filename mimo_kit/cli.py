@@ -1,0 +1,146 @@
+"""``mimo-kit``: every experiment a notebook runs, runnable from a shell and on a cluster.
+
+    mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
+    mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/
+    mimo-kit list                                    # registered experiments
+    mimo-kit presets                                 # the scale knobs
+    mimo-kit env-check                               # OK/FAIL per dependency
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from mimo_kit.config.base import PRESET_NAMES, ConfigError
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if hasattr(obj, "to_dict"):
+        return _jsonable(obj.to_dict())
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return repr(obj)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mimo_kit import experiments
+
+    exp = experiments.get(args.experiment)
+    cfg = exp.config_cls.from_yaml(args.config) if args.config else exp.config_cls.preset(args.preset)
+    cfg = cfg.override(args.overrides)
+    out = Path(args.out or f"runs/{exp.name}/{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.to_yaml(out / "config.yaml")
+    print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
+    result = exp(cfg)
+    text = json.dumps(_jsonable(result), indent=2)
+    (out / "result.json").write_text(text + "\n")
+    print(text if len(text) < 4000 else text[:4000] + "\n…")
+    print(f"result → {out / 'result.json'}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mimo_kit import experiments
+
+    for name, exp in experiments.discover().items():
+        print(f"{name:<24} {exp.chapter:<6} presets: {','.join(exp.config_cls.presets()):<22} {exp.summary}")
+    return 0
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    from mimo_kit.config import preset
+    from mimo_kit.nb import markdown_table
+
+    print(markdown_table({name: preset(name).model.summary() for name in PRESET_NAMES}, index="preset"))
+    return 0
+
+
+def cmd_env_check(args: argparse.Namespace) -> int:
+    from mimo_kit.envcheck import run_env_check
+
+    return run_env_check()
+
+
+def cmd_course(args: argparse.Namespace) -> int:
+    from mimo_kit.course import run_course
+
+    runs = run_course(args.out, directory=Path(args.notebooks), quick=not args.full, preset=args.preset,
+                      timeout=args.timeout, only=args.only)
+    failed = [r.name for r in runs if not r.ok]
+    print(f"course: {len(runs) - len(failed)}/{len(runs)} chapters ok → {Path(args.out) / 'index.html'}")
+    for r in runs:
+        if not r.ok:
+            print(f"FAILED {r.name}: {r.error[-800:]}", file=sys.stderr)
+    return 1 if failed or not runs else 0
+
+
+def cmd_notebooks(args: argparse.Namespace) -> int:
+    from mimo_kit.course import regenerate
+
+    for path in regenerate(only=args.only):
+        print(f"regenerated {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mimo-kit", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run one experiment")
+    r.add_argument("experiment")
+    r.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
+    r.add_argument("--config", help="a YAML config file (instead of the preset)")
+    r.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP)")
+    r.add_argument("overrides", nargs="*", metavar="key=value")
+    r.set_defaults(fn=cmd_run)
+
+    sub.add_parser("list", help="registered experiments").set_defaults(fn=cmd_list)
+    sub.add_parser("presets", help="the scale knobs").set_defaults(fn=cmd_presets)
+    sub.add_parser("env-check", help="OK/FAIL per dependency").set_defaults(fn=cmd_env_check)
+
+    c = sub.add_parser("course", help="execute every chapter notebook → runs/course/index.html")
+    c.add_argument("--out", default="runs/course")
+    c.add_argument("--notebooks", default=str(NOTEBOOK_DIR), help="folder of chapter notebooks")
+    c.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
+    c.add_argument("--full", action="store_true", help="quick mode off")
+    c.add_argument("--only", help="only chapters whose name contains this")
+    c.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    c.set_defaults(fn=cmd_course)
+
+    n = sub.add_parser("notebooks", help="re-execute notebooks in place (committed outputs, tiny preset)")
+    n.add_argument("--only", help="only notebooks whose name contains this")
+    n.set_defaults(fn=cmd_notebooks)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come before or after the options of `run`
+    if extra and (args.command != "run" or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    try:
+        return args.fn(args)
+    except ConfigError as e:
+        print(f"mimo-kit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""``mimo-kit env-check``: one OK/FAIL line per dependency, the machine, and whether sandboxes get a network off."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+#: (import name, distribution name, what the kit uses it for). Required: the kit's core and its notebooks.
+REQUIRED = [
+    ("torch", "torch", "tensors, models, training"),
+    ("transformers", "transformers", "model conformance, checkpoints, tokenizers"),
+    ("trl", "trl", "the distill path's SFT and RL trainers"),
+    ("peft", "peft", "LoRA adapters on the distill path"),
+    ("accelerate", "accelerate", "multi-process launch of the TRL path"),
+    ("tokenizers", "tokenizers", "byte-level BPE trained on local text"),
+    ("matplotlib", "matplotlib", "figures"),
+    ("tqdm", "tqdm", "progress bars"),
+    ("yaml", "pyyaml", "config files"),
+    ("nbclient", "nbclient", "headless notebook execution"),
+    ("nbformat", "nbformat", "notebook files"),
+    ("nbconvert", "nbconvert", "HTML pages of executed chapters"),
+    ("ipykernel", "ipykernel", "the notebook kernel"),
+]
+#: Optional: extras and tools; missing ones are reported but do not fail the check.
+OPTIONAL = [
+    ("ray", "ray", "harness pools and multi-node rollouts (extra: ray)"),
+    ("jupyterlab", "jupyterlab", "make lab"),
+    ("pytest", "pytest", "tests (extra: dev)"),
+    ("hypothesis", "hypothesis", "property tests (extra: dev)"),
+]
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    required: bool
+
+
+def check_module(module: str, dist: str, purpose: str, required: bool) -> Check:
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - any import failure is a FAIL line, with its reason
+        return Check(dist, False, f"{type(e).__name__}: {e} ({purpose})", required)
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return Check(dist, True, f"{version:<12} {purpose}", required)
+
+
+def network_isolation() -> tuple[bool, str]:
+    """Whether ``unshare -rn`` can give a sandboxed command a private network namespace here."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return False, "unshare not found: sandboxes run with the host network (a warning is recorded)"
+    try:
+        r = subprocess.run([exe, "-rn", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"unshare -rn failed ({e})"
+    if r.returncode == 0:
+        return True, "unshare -rn works: sandboxed commands get no network"
+    return False, f"unshare -rn refused ({r.stderr.decode(errors='replace').strip()[:120]})"
+
+
+def machine() -> list[str]:
+    lines = [f"python {platform.python_version()} on {platform.system()} {platform.machine()}",
+             f"cpu cores: {os.cpu_count()}"]
+    try:
+        import torch
+
+        lines.append(f"torch threads: {torch.get_num_threads()}")
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                lines.append(f"gpu {i}: {p.name}, {p.total_memory / 2**30:.0f} GiB")
+        else:
+            lines.append("gpu: none (CUDA not available): the tiny and small presets run on the CPU")
+    except ImportError:
+        pass
+    return lines
+
+
+def run_env_check(required=None, optional=None, print_fn=print) -> int:
+    """Print the report; return 0 when every required dependency imports, else 1."""
+    checks = [check_module(*spec, required=True) for spec in (REQUIRED if required is None else required)]
+    checks += [check_module(*spec, required=False) for spec in (OPTIONAL if optional is None else optional)]
+    for c in checks:
+        status = "OK  " if c.ok else ("FAIL" if c.required else "MISS")
+        print_fn(f"{status} {c.name:<13} {c.detail}")
+    for line in machine():
+        print_fn(f"INFO {line}")
+    ok, detail = network_isolation()
+    print_fn(f"{'OK  ' if ok else 'WARN'} network isolation: {detail}")
+    missing = [c.name for c in checks if c.required and not c.ok]
+    if missing:
+        print_fn(f"env-check: required dependencies missing: {', '.join(missing)}")
+        return 1
+    return 0

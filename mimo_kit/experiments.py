@@ -1,0 +1,81 @@
+"""The experiment registry: *experiment = config + function*.
+
+A chapter module registers its experiments with :func:`experiment`; ``mimo-kit run NAME`` and a notebook cell
+call the same function with the same config::
+
+    @experiment("scale-knobs", ScaleKnobsConfig, chapter="ch01")
+    def run_scale_knobs(cfg: ScaleKnobsConfig) -> dict: ...
+
+Registration happens on import. :func:`discover` imports every ``mimo_kit.<subpackage>.experiments`` module,
+so a later chapter adds a function and a config and nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from collections.abc import Callable
+from typing import Any
+
+import mimo_kit
+from mimo_kit.config.base import Config, ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    config_cls: type[Config]
+    fn: Callable[[Any], Any]
+    chapter: str
+    summary: str
+
+    def config(self, preset: str = "tiny", overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> Config:
+        """The experiment's config for ``preset`` with dotted overrides applied."""
+        return self.config_cls.preset(preset).override(overrides)
+
+    def __call__(self, cfg: Config | None = None) -> Any:
+        cfg = cfg if cfg is not None else self.config_cls.preset("tiny")
+        if not isinstance(cfg, self.config_cls):
+            raise ConfigError(f"experiment {self.name!r} takes a {self.config_cls.__name__}, "
+                              f"got a {type(cfg).__name__}")
+        return self.fn(cfg)
+
+
+_REGISTRY: dict[str, Experiment] = {}
+
+
+def experiment(name: str, config_cls: type[Config], *, chapter: str) -> Callable:
+    """Decorator: register ``fn(cfg) -> result`` as experiment ``name`` of ``chapter`` (e.g. ``"ch02a"``)."""
+
+    def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
+            raise ValueError(f"experiment {name!r} is registered twice ({_REGISTRY[name].fn.__module__})")
+        summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
+        _REGISTRY[name] = Experiment(name, config_cls, fn, chapter, summary)
+        return fn
+
+    return register
+
+
+def discover() -> dict[str, Experiment]:
+    """Import every ``mimo_kit.*.experiments`` module (and ``mimo_kit.intro``) and return the registry."""
+    importlib.import_module("mimo_kit.intro")
+    for info in pkgutil.iter_modules(mimo_kit.__path__):
+        if info.ispkg and importlib.util.find_spec(f"mimo_kit.{info.name}.experiments") is not None:
+            importlib.import_module(f"mimo_kit.{info.name}.experiments")
+    return dict(sorted(_REGISTRY.items()))
+
+
+def get(name: str) -> Experiment:
+    """The registered experiment ``name``; an unknown name lists the known ones."""
+    known = discover()
+    if name not in known:
+        raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(known) or '(none)'}")
+    return known[name]
+
+
+def run(name: str, preset: str = "tiny", overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> Any:
+    """Run experiment ``name`` on ``preset`` with overrides: what ``mimo-kit run`` does."""
+    exp = get(name)
+    return exp(exp.config(preset, overrides))

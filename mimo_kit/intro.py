@@ -1,0 +1,81 @@
+"""Chapter 1: the report's map, its three scaling axes, and the kit's scale knobs (Report §1).
+
+The tables here are the report's numbers as data (REPORT.md), so the introduction notebook, the CLI and the
+tests read one copy. ``scale-knobs`` is the chapter's experiment: the model shape of every preset, side by side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mimo_kit.config.base import Config, knob
+from mimo_kit.config.kit import KitConfig
+from mimo_kit.experiments import experiment
+
+#: Report §1: RL is scaled along three axes at once.
+SCALING_AXES = {
+    "training compute": "batch and throughput: 1,568 prompts × 16 rollouts per step, partial rollouts (§4.1)",
+    "environments and harnesses": "task diversity (code, general, cyber, visual) × agent scaffolds (§4.2)",
+    "grader compute": "finer reward signals: GRS rubrics offline, GAR group grading online (§4.3)",
+}
+
+#: Report chapters → the kit's notebooks and packages.
+CHAPTERS = [
+    {"chapter": "1 Introduction", "notebook": "ch01_introduction", "package": "mimo_kit.intro",
+     "mechanisms": "three scaling axes, presets, config → command → cluster job"},
+    {"chapter": "2 Architecture", "notebook": "ch02a_architecture", "package": "mimo_kit.model",
+     "mechanisms": "hybrid SWA/GA attention with sinks, sigmoid-router MoE, KV cache, parameter counts"},
+    {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.spec",
+     "mechanisms": "DFlash block drafter, lossless speculative decoding"},
+    {"chapter": "3 Pre-/mid-training", "notebook": "ch03_pretraining", "package": "mimo_kit.optim, .pretrain",
+     "mechanisms": "tokenizer, pre-training loop, Muown vs Muon vs AdamW, MXFP4 QAT"},
+    {"chapter": "4 Scaling RL", "notebook": "ch04_rl", "package": "mimo_kit.rl, .envs, .harness, .grading",
+     "mechanisms": "GRPO, GRS, GAR, length/segment penalties, environments, mini-harness, hack defences"},
+    {"chapter": "5 Experiments", "notebook": "ch05_experiments", "package": "mimo_kit.rl",
+     "mechanisms": "router freezing, entropy-adaptive clipping, prompt-mean loss, MOPD²"},
+    {"chapter": "6 Infrastructure", "notebook": "ch06_infrastructure", "package": "mimo_kit.infra",
+     "mechanisms": "Sample Mixer, harness pool, payload porter, QDQ / R3 / top-p replay, SGLang engine"},
+    {"chapter": "7 Open foundations", "notebook": "ch07_distill", "package": "mimo_kit.distill",
+     "mechanisms": "Qwen 9B distill path: SFT with TRL + PEFT, then RL; multi-harness evaluation"},
+]
+
+#: Report §4.1: the RL step of the report.
+RL_STEP = {"prompt_batch": 1568, "rollouts_per_prompt": 16, "rollouts_per_step": 25088,
+           "train_tokens_per_step": (2.7e9, 3.7e9), "tokens_per_sequence": (110e3, 150e3), "max_context": 2**20}
+
+#: Report §4.1: RL cost (USD) and the Pro split.
+RL_COST = {"pro_usd": 2.6e6, "flash_usd": 0.9e6, "pro_split": {"rollout": 43.8, "training": 43.5, "grader": 12.7}}
+
+#: Report §1–2: headline sizes (total, active).
+REPORTED_SIZES = {"flash": (310e9, 15e9), "pro": (1.02e12, 42e9)}
+
+
+@dataclasses.dataclass
+class ScaleKnobsConfig(Config):
+    """Which presets to lay side by side."""
+
+    names: tuple[str, ...] = knob(("tiny", "small", "flash", "pro"), "all four scale knobs")
+
+    PRESETS = {"tiny": {}}
+
+
+@experiment("scale-knobs", ScaleKnobsConfig, chapter="ch01")
+def run_scale_knobs(cfg: ScaleKnobsConfig) -> dict:
+    """The model shape of every preset, side by side: one code path from a laptop toy to Pro."""
+    return {name: KitConfig.preset(name).model.summary() for name in cfg.names}
+
+
+def solution(n: int):
+    """Reference answers to the chapter's exercises, computed by the kit (the notebook checks against them)."""
+    from mimo_kit.launch import shell_command
+
+    if n == 1:
+        layers = [0] + list(range(3, 48, 4))
+        return KitConfig.preset("flash", **{"model.global_layers": layers}).model.layer_types.count(
+            "sliding_attention")
+    if n == 2:
+        rollouts = 4096 * 8
+        return (rollouts, round(3.7e9 / rollouts))
+    if n == 3:
+        return shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",)))
+    raise ValueError(f"chapter 1 has exercises 1-3, not {n!r}")

@@ -1,0 +1,105 @@
+"""What every chapter notebook does first and shows throughout: versions, preset, quick mode, source listings.
+
+>>> kit = start("ch01")          # prints versions, the preset and quick mode; applies the figure style
+>>> kit.steps(full=200, quick=5) # a loop length that honours MIMO_KIT_QUICK=1
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import inspect
+import platform
+from pathlib import Path
+
+from mimo_kit.config import env_preset, quick_mode
+
+
+@dataclasses.dataclass(frozen=True)
+class Session:
+    chapter: str
+    preset: str
+    quick: bool
+
+    def steps(self, full: int, quick: int) -> int:
+        """``quick`` in quick mode, else ``full``: every long loop of a chapter goes through this."""
+        return quick if self.quick else full
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for dist in ("mimo_kit", "torch", "transformers", "trl", "peft", "matplotlib"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "missing"
+    return out
+
+
+def start(chapter: str) -> Session:
+    """First cell of every chapter: print versions, preset (``MIMO_KIT_PRESET``) and quick mode; set the style."""
+    from mimo_kit import viz
+
+    viz.use_style()
+    s = Session(chapter=chapter, preset=env_preset(), quick=quick_mode())
+    print(" · ".join(f"{k} {v}" for k, v in versions().items()))
+    print(f"chapter {chapter} · preset {s.preset!r} · quick mode {'on' if s.quick else 'off'}")
+    return s
+
+
+def show_source(obj) -> None:
+    """Print the source of a kit function or class, so the notebook reads the one copy in ``mimo_kit``."""
+    import mimo_kit
+
+    path = Path(inspect.getsourcefile(obj)).resolve()
+    root = Path(mimo_kit.__file__).resolve().parent.parent
+    print(f"# {path.relative_to(root) if root in path.parents else path}")
+    print(inspect.getsource(obj))
+
+
+def markdown_table(rows: list[dict] | dict[str, dict], *, index: str = "") -> str:
+    """A list of dicts (or a dict of dicts, keys in column ``index``) as a markdown table."""
+    if isinstance(rows, dict):
+        rows = [{index or "": k, **v} for k, v in rows.items()]
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    fmt = lambda v: f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else (  # noqa: E731
+        f"{v:.4g}" if isinstance(v, float) else str(v))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
+    """Display rows as a markdown table (rendered in JupyterLab, printed elsewhere)."""
+    text = markdown_table(rows, index=index)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            display(Markdown(text))
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def check(answer, expected, label: str = "answer") -> bool | None:
+    """Compare an exercise answer with the kit's reference; print ✓ / ✗ (never raises, so notebooks run through).
+
+    Returns None while unanswered, else whether it matches (floats compared to 1e-6 relative).
+    """
+    if answer is None:
+        print(f"{label}: not answered yet")
+        return None
+    ok = _same(answer, expected)
+    print(f"{label}: {'✓ correct' if ok else '✗ not quite, try again'}")
+    return ok
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    return a == b

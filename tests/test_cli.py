@@ -1,0 +1,77 @@
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from mimo_kit import experiments, launch
+from mimo_kit.cli import main
+from mimo_kit.config import ConfigError
+from mimo_kit.config.base import parse_assignments
+from mimo_kit.intro import ScaleKnobsConfig
+
+
+def test_run_writes_config_and_result(tmp_path, capsys):
+    assert main(["run", "scale-knobs", "--out", str(tmp_path), "names=[tiny,flash]"]) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert set(result) == {"tiny", "flash"} and result["flash"]["SWA"] == 39
+    assert ScaleKnobsConfig.from_yaml(tmp_path / "config.yaml").names == ("tiny", "flash")
+
+
+def test_run_bad_key_fails_with_message(tmp_path, capsys):
+    assert main(["run", "scale-knobs", "--out", str(tmp_path), "badkey=1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'badkey'" in err and "valid keys: names" in err
+
+
+def test_run_from_yaml_with_wrong_type(tmp_path, capsys):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("names: 7\n")
+    assert main(["run", "scale-knobs", "--config", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "names: got 7, expected a list of str" in capsys.readouterr().err
+
+
+def test_unknown_experiment_lists_known(capsys):
+    assert main(["run", "no-such-thing"]) == 2
+    assert "known: " in capsys.readouterr().err and "scale-knobs" in experiments.discover()
+
+
+def test_console_script_runs(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "mimo_kit.cli", "run", "scale-knobs", "badkey=1"],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2 and "unknown key 'badkey'" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "mimo_kit.cli", "presets"], capture_output=True, text=True)
+    assert r.returncode == 0 and "| flash | 48 | 9 | 39 |" in r.stdout
+
+
+def test_shell_command_round_trips_the_config():
+    cfg = ScaleKnobsConfig.preset("tiny").override(["names=[small,pro]"])
+    cmd = launch.shell_command("scale-knobs", cfg)
+    assert cmd.startswith("mimo-kit run scale-knobs --preset tiny ")
+    overrides = shlex.split(cmd)[5:]
+    assert ScaleKnobsConfig.preset("tiny").override(dict(parse_assignments(overrides))) == cfg
+
+
+def test_torchrun_command():
+    cfg = ScaleKnobsConfig.preset("tiny")
+    one = launch.torchrun_command("scale-knobs", cfg, nproc_per_node=2)
+    assert one == "torchrun --nnodes=1 --nproc-per-node=2 -m mimo_kit.cli run scale-knobs --preset tiny"
+    assert "--rdzv-backend=c10d" in launch.torchrun_command("scale-knobs", cfg, nnodes=4)
+    with pytest.raises(ConfigError, match="nproc_per_node=0"):
+        launch.torchrun_command("scale-knobs", cfg, nproc_per_node=0)
+
+
+def test_duplicate_registration_is_an_error():
+    @experiments.experiment("dup-test", ScaleKnobsConfig, chapter="t")
+    def first(cfg):
+        return 1
+
+    with pytest.raises(ValueError, match="registered twice"):
+        @experiments.experiment("dup-test", ScaleKnobsConfig, chapter="t")
+        def second(cfg):
+            return 2
+
+    assert experiments.get("dup-test")(ScaleKnobsConfig()) == 1
+    with pytest.raises(ConfigError, match="takes a ScaleKnobsConfig"):
+        experiments.get("dup-test")(object())

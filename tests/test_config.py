@@ -1,0 +1,140 @@
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mimo_kit.config import PRESET_NAMES, ConfigError, env_preset, preset, quick_mode
+from mimo_kit.config.base import Config, knob, parse_assignments
+from mimo_kit.config.kit import KitConfig
+from mimo_kit.model import MiMoConfig
+
+
+@pytest.mark.parametrize("name", PRESET_NAMES)
+def test_every_preset_builds_and_round_trips_through_yaml(name, tmp_path):
+    cfg = preset(name)
+    assert isinstance(cfg, KitConfig) and isinstance(cfg.model, MiMoConfig)
+    path = tmp_path / "c.yaml"
+    cfg.to_yaml(path)
+    assert KitConfig.from_yaml(path) == cfg
+
+
+def test_presets_grow_in_scale():
+    hidden = [preset(n).model.hidden_size for n in PRESET_NAMES]
+    assert hidden == sorted(hidden) and len(set(hidden)) == len(hidden)
+    assert preset("flash").device == "meta" and preset("tiny").device != "meta"
+
+
+def test_unknown_preset_lists_available():
+    with pytest.raises(ConfigError, match=r"no preset 'huge'.*tiny, small, flash, pro"):
+        preset("huge")
+
+
+def test_unknown_key_names_it_and_lists_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        preset("tiny").override(["model.hiden_size=8"])
+    msg = str(e.value)
+    assert "'model.hiden_size'" in msg and "did you mean 'hidden_size'" in msg and "num_hidden_layers" in msg
+
+
+@pytest.mark.parametrize("assignment, fragment", [
+    ("seed=abc", "seed: got 'abc', expected an integer"),
+    ("seed=-1", "seed: got -1, expected a value >= 0"),
+    ("quick=3", "quick: got 3, expected true or false"),
+    ("device=tpu", "device: got 'tpu', expected one of 'auto', 'cpu', 'cuda', 'meta'"),
+    ("model.sliding_window=0", "sliding_window: got 0, expected a value >= 1"),
+    ("model.global_layers=[0,x]", "global_layers[1]: got 'x', expected an integer"),
+])
+def test_bad_values_name_field_value_and_expectation(assignment, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        preset("tiny").override([assignment])
+
+
+@pytest.mark.parametrize("assignment, fragment", [
+    ("model.num_key_value_heads=3", "does not divide num_attention_heads=4"),
+    ("model.num_experts_per_tok=9", "expected <= n_routed_experts=8"),
+    ("model.global_layers=[0,7]", "layer 7 is outside 0..3"),
+])
+def test_cross_field_rules(assignment, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        preset("tiny").override([assignment])
+
+
+def test_yaml_with_wrong_type_names_file_and_field(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seed: 1\nmodel:\n  hidden_size: wide\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: model.hidden_size: got 'wide', expected an integer"):
+        KitConfig.from_yaml(path)
+
+
+def test_yaml_syntax_error_is_a_config_error(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        KitConfig.from_yaml(path)
+
+
+def test_override_parses_yaml_scalars_and_keeps_the_rest():
+    base = preset("tiny")
+    cfg = base.override(["model.hidden_size=32", "quick=true", "model.global_layers=[0, 2]", "dtype=bfloat16"])
+    assert cfg.model.hidden_size == 32 and cfg.quick is True and cfg.model.global_layers == (0, 2)
+    assert cfg.dtype == "bfloat16" and cfg.model.vocab_size == base.model.vocab_size
+    assert cfg.diff(base) == {"model.hidden_size": 32, "quick": True, "model.global_layers": [0, 2],
+                              "dtype": "bfloat16"}
+
+
+def test_parse_assignments_rejects_missing_equals():
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        parse_assignments(["seed"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(hidden=st.integers(1, 4096), seed=st.integers(0, 2**31), window=st.integers(1, 10_000),
+       theta=st.floats(1.0, 1e7), quick=st.booleans(), name=st.sampled_from(PRESET_NAMES))
+def test_overrides_and_yaml_round_trip_property(hidden, seed, window, theta, quick, name):
+    cfg = preset(name).override({"model.hidden_size": hidden, "seed": seed, "model.sliding_window": window,
+                                 "model.rope_theta": theta, "quick": quick})
+    assert KitConfig.from_yaml(cfg.to_yaml()) == cfg
+    assert cfg.model.hidden_size == hidden and cfg.model.sliding_window == window
+
+
+def test_every_model_field_says_why():
+    missing = [r["key"] for r in preset("tiny").describe() if not r["why"]]
+    assert missing == []
+
+
+def test_flash_layer_pattern_matches_transformers_rule():
+    types = preset("flash").model.layer_types
+    assert [i for i, t in enumerate(types) if t == "full_attention"] == [0, 5, 11, 17, 23, 29, 35, 41, 47]
+    assert preset("flash").model.rotary_dim == 64
+
+
+def test_env_variables(monkeypatch):
+    monkeypatch.setenv("MIMO_KIT_PRESET", "small")
+    monkeypatch.setenv("MIMO_KIT_QUICK", "1")
+    assert env_preset() == "small" and quick_mode() is True
+    monkeypatch.setenv("MIMO_KIT_PRESET", "giant")
+    with pytest.raises(ConfigError, match="MIMO_KIT_PRESET='giant'"):
+        env_preset()
+    monkeypatch.setenv("MIMO_KIT_QUICK", "maybe")
+    with pytest.raises(ConfigError, match="MIMO_KIT_QUICK='maybe'"):
+        quick_mode()
+
+
+def test_nested_config_follows_parent_preset_only_when_supported():
+    @dataclasses.dataclass
+    class Inner(Config):
+        width: int = knob(1, "test", min=1)
+        PRESETS = {"tiny": {}, "small": {"width": 5}}
+
+    @dataclasses.dataclass
+    class Outer(Config):
+        inner: Inner = dataclasses.field(default_factory=Inner)
+        steps: int = knob(2, "test")
+        PRESETS = {"tiny": {}, "small": {"steps": 9}}
+
+    small = Outer.preset("small")
+    assert small.inner.width == 5 and small.steps == 9
+    assert Outer.presets() == ("tiny", "small")
+    with pytest.raises(ConfigError, match="Outer has no preset 'flash'"):
+        Outer.preset("flash")
