@@ -1,5 +1,18 @@
-"""Chapter 2: the hybrid SWA/GA MoE decoder (Report §2)."""
+"""Chapter 2: the hybrid SWA/GA MoE decoder (Report §2).
 
+>>> from mimo_kit.model import MiMoConfig, MiMoForCausalLM, count_parameters
+>>> model = MiMoForCausalLM(MiMoConfig.preset("tiny"))
+>>> count_parameters(MiMoConfig.preset("flash"))["total"]
+308778768832
+"""
+
+from mimo_kit.model.cache import KVCache
 from mimo_kit.model.config import MiMoConfig
+from mimo_kit.model.decoder import CausalLMOutput, MiMoForCausalLM
+from mimo_kit.model.generate import Generation, generate, sample_next
+from mimo_kit.model.hf import load_checkpoint
+from mimo_kit.model.moe import load_metrics
+from mimo_kit.model.params import count_parameters
 
-__all__ = ["MiMoConfig"]
+__all__ = ["CausalLMOutput", "Generation", "KVCache", "MiMoConfig", "MiMoForCausalLM", "count_parameters",
+           "generate", "load_checkpoint", "load_metrics", "sample_next"]

@@ -112,3 +112,17 @@ class MiMoConfig(Config):
                 "KV heads GA/SWA": f"{self.num_key_value_heads}/{self.swa_num_key_value_heads}",
                 "experts": f"{self.n_routed_experts} top-{self.num_experts_per_tok}",
                 "window": self.sliding_window, "vocab": self.vocab_size}
+
+    # ---- transformers interop (mimo_kit.model.hf) ---------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_config: Any) -> MiMoConfig:
+        """From a ``transformers.MiMoV2FlashConfig`` (or its config.json dict)."""
+        from mimo_kit.model.hf import from_hf
+
+        return from_hf(hf_config)
+
+    def to_hf(self) -> Any:
+        """The equivalent ``transformers.MiMoV2FlashConfig``."""
+        from mimo_kit.model.hf import to_hf
+
+        return to_hf(self)
