@@ -1,0 +1,266 @@
+"""The penalty module: rules say *what is an error*, strategies say *what to do about it* (Report §6.1).
+
+A **rule** is a detector over a sequence's segments that returns findings (which segment, which token span, why).
+A **strategy** is bound to each rule:
+
+- ``mask``: the flagged tokens leave the loss (no gradient either way);
+- ``shape``: the flagged tokens become error spans, which :func:`mimo_kit.rl.penalties.segment_advantages` turns
+  into zero advantage in successes and amplified negative advantage in failures (Report §4.3);
+- ``monitor``: counted and reported only;
+- ``early_stop``: the run would have been stopped right after the flagged action: online the harness asks
+  :meth:`PenaltyModule.should_stop`; offline every trainable token after the flagged segment leaves the loss.
+
+Infrastructure errors (sandbox down, grader disconnected) are not the model's fault: a rule marked ``infra``
+drops the whole sequence from training, whatever strategy it is bound to (Report §6.1: "infrastructure errors must
+not be punished as model errors"). The kit's action format is ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
+(tag name in ``PenaltyRulesConfig``), read from each segment's stored ``text``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from mimo_kit.rl.config import RULES
+from mimo_kit.rl.trajectory import Sample
+from mimo_kit.rl.trajectory import Sequence as Run
+
+STRATEGIES = ("mask", "shape", "monitor", "early_stop")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    rule: str
+    sequence_id: str
+    context: int  # index of the context in the sequence
+    segment: int  # index of the segment in the context
+    span: tuple[int, int]  # token range inside the segment, end exclusive
+    detail: str
+    infra: bool = False
+
+
+class Rule(Protocol):
+    name: str
+    infra: bool
+
+    def detect(self, sequence: Run) -> list[Finding]: ...
+
+
+def _actions(text: str, tag: str) -> list[tuple[int, int, str]]:
+    """(char_start, char_end, body) of each well-formed ``<tag>body</tag>`` in ``text``."""
+    return [(m.start(), m.end(), m.group(1)) for m in re.finditer(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)]
+
+
+def _model_segments(sequence: Run) -> Iterable[tuple[int, int, object]]:
+    for c, ctx in enumerate(sequence.contexts):
+        for s, seg in enumerate(ctx.segments):
+            if seg.trainable and seg.text is not None:
+                yield c, s, seg
+
+
+def _parse(body: str) -> tuple[dict | None, str]:
+    try:
+        call = json.loads(body)
+    except json.JSONDecodeError as e:
+        return None, f"arguments are not JSON ({e.msg})"
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None, "call has no string 'name'"
+    if not isinstance(call.get("arguments", {}), dict):
+        return None, f"'arguments' is a {type(call['arguments']).__name__}, expected an object"
+    return call, ""
+
+
+@dataclasses.dataclass
+class UnknownToolRule:
+    """A well-formed call to a tool the harness does not offer."""
+
+    known_tools: tuple[str, ...]
+    tag: str = RULES.tool_tag
+    name: str = "unknown_tool"
+    infra: bool = False
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        for c, s, seg in _model_segments(sequence):
+            for a, b, body in _actions(seg.text, self.tag):
+                call, _ = _parse(body)
+                if call is not None and call["name"] not in self.known_tools:
+                    out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b),
+                                       f"tool {call['name']!r} not in {list(self.known_tools)!r}"))
+        return out
+
+
+@dataclasses.dataclass
+class MalformedArgumentsRule:
+    """A call whose body is not a JSON object with a string ``name`` and object ``arguments``."""
+
+    tag: str = RULES.tool_tag
+    name: str = "malformed_arguments"
+    infra: bool = False
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        for c, s, seg in _model_segments(sequence):
+            for a, b, body in _actions(seg.text, self.tag):
+                call, why = _parse(body)
+                if call is None:
+                    out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b), why))
+        return out
+
+
+@dataclasses.dataclass
+class BrokenMarkupRule:
+    """Unbalanced or nested action tags: the harness cannot parse the turn at all."""
+
+    tag: str = RULES.tool_tag
+    name: str = "broken_markup"
+    infra: bool = False
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        for c, s, seg in _model_segments(sequence):
+            depth, where = 0, None
+            for m in re.finditer(rf"</?{self.tag}>", seg.text):
+                closing = m.group(0).startswith("</")
+                if (closing and depth == 0) or (not closing and depth == 1):
+                    where = m
+                    break
+                depth += -1 if closing else 1
+            if where is None and depth:
+                where = list(re.finditer(rf"<{self.tag}>", seg.text))[-1]
+            if where is not None:
+                out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(where.start(), len(seg.text)),
+                                   f"unbalanced <{self.tag}> markup at char {where.start()}"))
+        return out
+
+
+@dataclasses.dataclass
+class RepeatedActionRule:
+    """The same call (same name and arguments) issued ``max_repeats`` times in a row in one context: a loop."""
+
+    max_repeats: int = RULES.max_repeats
+    tag: str = RULES.tool_tag
+    name: str = "repeated_action"
+    infra: bool = False
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        for c, ctx in enumerate(sequence.contexts):
+            last, run = None, 0
+            for s, seg in enumerate(ctx.segments):
+                if not (seg.trainable and seg.text is not None):
+                    continue
+                for a, b, body in _actions(seg.text, self.tag):
+                    call, _ = _parse(body)
+                    key = json.dumps(call, sort_keys=True) if call is not None else body.strip()
+                    run = run + 1 if key == last else 1
+                    last = key
+                    if run >= self.max_repeats:
+                        out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b),
+                                           f"identical action repeated {run} times"))
+        return out
+
+
+@dataclasses.dataclass
+class InfrastructureErrorRule:
+    """A tool result carrying an infrastructure marker, or a run that ended with ``finish_reason='infra_error'``."""
+
+    markers: tuple[str, ...] = RULES.infra_markers
+    name: str = "infrastructure_error"
+    infra: bool = True
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        if sequence.finish_reason == "infra_error":
+            out.append(Finding(self.name, sequence.sequence_id, 0, 0, (0, 0), "finish_reason is 'infra_error'", True))
+        for c, ctx in enumerate(sequence.contexts):
+            for s, seg in enumerate(ctx.segments):
+                if seg.role == "tool" and seg.text is not None:
+                    hit = next((m for m in self.markers if m.lower() in seg.text.lower()), None)
+                    if hit:
+                        out.append(Finding(self.name, sequence.sequence_id, c, s, (0, len(seg)),
+                                           f"tool output contains {hit!r}", True))
+        return out
+
+
+def default_rules(known_tools: Sequence[str]) -> list[tuple[Rule, str]]:
+    """The kit's default bindings: errors shape advantages, loops are masked, infra errors drop the run."""
+    return [(UnknownToolRule(tuple(known_tools)), "shape"), (MalformedArgumentsRule(), "shape"),
+            (BrokenMarkupRule(), "shape"), (RepeatedActionRule(), "mask"), (InfrastructureErrorRule(), "monitor")]
+
+
+@dataclasses.dataclass
+class PenaltyReport:
+    findings: list[Finding]
+    dropped: list[str]  # sequence ids removed for infrastructure errors
+    stopped: dict[str, Finding]  # sequence id → the finding that stopped it early
+    counts: dict[str, int]  # findings per rule
+
+    def table(self) -> list[dict]:
+        return [{"rule": r, "findings": n} for r, n in sorted(self.counts.items())]
+
+
+class PenaltyModule:
+    """Rules × strategies (Report §6.1). ``bindings`` pairs each rule with one strategy of ``STRATEGIES``."""
+
+    def __init__(self, bindings: Sequence[tuple[Rule, str]]):
+        for rule, strategy in bindings:
+            if strategy not in STRATEGIES:
+                raise ValueError(f"PenaltyModule: rule {getattr(rule, 'name', rule)!r} bound to strategy "
+                                 f"{strategy!r}; expected one of {STRATEGIES}")
+            if not callable(getattr(rule, "detect", None)):
+                raise ValueError(f"PenaltyModule: {rule!r} has no detect(sequence) method")
+        self.bindings = list(bindings)
+
+    def should_stop(self, sequence: Run) -> Finding | None:
+        """Online check after each turn: the first finding of an ``early_stop`` rule, else None."""
+        for rule, strategy in self.bindings:
+            if strategy == "early_stop":
+                found = rule.detect(sequence)
+                if found:
+                    return found[0]
+        return None
+
+    def apply(self, samples: Sequence[Sample]) -> tuple[list[Sample], PenaltyReport]:
+        """Run every rule on every sequence and apply its strategy; returns new samples (inputs untouched)."""
+        out, findings, dropped, stopped = [], [], [], {}
+        for sample in samples:
+            sample = copy.deepcopy(sample)
+            keep = []
+            for seq in sample.sequences:
+                found = [(f, strategy) for rule, strategy in self.bindings for f in rule.detect(seq)]
+                findings += [f for f, _ in found]
+                if any(f.infra or getattr(self._rule(f.rule), "infra", False) for f, _ in found):
+                    dropped.append(seq.sequence_id)
+                    continue
+                for f, strategy in found:
+                    seg = seq.contexts[f.context].segments[f.segment]
+                    if strategy == "mask":
+                        seg.masked_spans.append(f.span)
+                    elif strategy == "shape":
+                        seg.error_spans.append((*f.span, f.rule))
+                stops = [f for f, strategy in found if strategy == "early_stop"]
+                if stops:
+                    first = min(stops, key=lambda f: (f.context, f.segment, f.span))
+                    stopped[seq.sequence_id] = first
+                    ctx = seq.contexts[first.context]
+                    for later in ctx.segments[first.segment + 1:]:
+                        if later.trainable and len(later):
+                            later.masked_spans.append((0, len(later)))
+                    for later_ctx in seq.contexts[first.context + 1:]:
+                        for later in later_ctx.segments:
+                            if later.trainable and len(later):
+                                later.masked_spans.append((0, len(later)))
+                keep.append(seq)
+            sample.sequences = keep
+            out.append(sample)
+        counts = dict(Counter(f.rule for f in findings))
+        return out, PenaltyReport(findings, dropped, stopped, counts)
+
+    def _rule(self, name: str) -> Rule | None:
+        return next((r for r, _ in self.bindings if r.name == name), None)
