@@ -1,0 +1,5 @@
+from textkit import slugify
+
+
+def test_simple():
+    assert slugify("Hello") == "hello"
