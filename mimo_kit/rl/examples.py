@@ -83,7 +83,8 @@ def solution(n: int):
         out = gar_redistribute(a, torch.tensor([True, True, False, False]), torch.tensor([1.0, 0.5, 1.0, 1.0]))
         return [round(float(x), 4) for x in out[:2]]
     if n == 2:  # GRS: all four pass; S_sol = [1, .8, .9, .5], S_beh = [1, 1, .5, 1]: which trajectory ranks last?
-        r = grs_reward(torch.ones(4, dtype=torch.bool), torch.tensor([1, 0.8, 0.9, 0.5]), torch.tensor([1, 1, 0.5, 1.0]))
+        r = grs_reward(torch.ones(4, dtype=torch.bool), torch.tensor([1, 0.8, 0.9, 0.5]),
+                       torch.tensor([1, 1, 0.5, 1.0]))
         return int(torch.argmin(r))
     if n == 3:  # length penalty of a success 2.5× the median success length, default constants
         return round(float(length_penalty([100.0, 100.0, 250.0, 80.0], [True, True, True, False])[2]), 4)
