@@ -50,8 +50,9 @@ def reverse_kl_exact(student_logits: torch.Tensor, teacher_logits: torch.Tensor)
 def opd_loss(student_logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Per-token on-policy distillation loss ℓ_t = −A_t · exp(logp − sg(logp)), A_t = sg(log π_t − log π_s). [N, T].
 
-    Its value is 0 at the sampling point but its gradient is −A_t ∇log π_s(y_t), the reverse-KL policy gradient;
-    aggregate it with :func:`mimo_kit.rl.aggregate_loss` like any policy loss.
+    Its value is k_t (the sampled reverse KL, since the ratio is 1) and its gradient is −A_t ∇log π_s(y_t) =
+    k_t ∇log π_s(y_t), whose expectation over y_t ∼ π_s is ∇KL(π_s ‖ π_t); aggregate it with
+    :func:`mimo_kit.rl.aggregate_loss` like any policy loss.
     """
     k = reverse_kl_per_token(student_logp, teacher_logp, mask)
     adv = -k.detach()
