@@ -300,7 +300,7 @@ class TrainBatch:
     attention_mask: torch.Tensor  # [rows, T] bool
     loss_mask: torch.Tensor  # [rows, T] bool: policy-generated tokens outside masked spans
     error_mask: torch.Tensor  # [rows, T] bool: tokens inside error spans
-    logprobs: torch.Tensor  # [rows, T] float32 rollout logprobs, 0 where none
+    logprobs: torch.Tensor  # [rows, T] float64 rollout logprobs (bit-exact round trip), 0 where none
     policy_version: torch.Tensor  # [rows, T] long, −1 where none
     group_ids: torch.Tensor  # [rows] long: sample index
     seq_ids: torch.Tensor  # [rows] long: sequence index over the batch
@@ -330,7 +330,7 @@ def flatten(samples: list[Sample], pad_id: int = 0) -> TrainBatch:
     input_ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
     attention = torch.zeros(n_rows, width, dtype=torch.bool)
     loss_mask, error_mask = torch.zeros_like(attention), torch.zeros_like(attention)
-    logprobs = torch.zeros(n_rows, width, dtype=torch.float32)
+    logprobs = torch.zeros(n_rows, width, dtype=torch.float64)
     version = torch.full((n_rows, width), -1, dtype=torch.long)
     all_segs = [s for _, _, c in rows for s in c.segments]
     re_shape = next(((len(s.routed_experts[0]), len(s.routed_experts[0][0])) for s in all_segs
@@ -352,7 +352,7 @@ def flatten(samples: list[Sample], pad_id: int = 0) -> TrainBatch:
                     input_ids[r, sl] = torch.tensor(seg.token_ids, dtype=torch.long)
                     attention[r, sl] = True
                     if seg.logprobs is not None:
-                        logprobs[r, sl] = torch.tensor(seg.logprobs, dtype=torch.float32)
+                        logprobs[r, sl] = torch.tensor(seg.logprobs, dtype=torch.float64)
                     if seg.policy_versions is not None:
                         version[r, sl] = torch.tensor(seg.policy_versions, dtype=torch.long)
                     if seg.trainable:
