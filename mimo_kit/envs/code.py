@@ -6,7 +6,8 @@ A task is a folder ``data/code_tasks/<id>/`` holding ``task.json`` (instruction,
 - :func:`make_workspace`: a fresh copy of ``repo/`` with **one commit** of git history and no caches (Report §4.2:
   environment cleaning removes logs, patches, caches and later history). ``cleaned=False`` builds the *uncleaned*
   variant the hack suite attacks: the upstream fix commit still in ``.git``, a newer release of the package in a
-  local site-packages, the validation log (with the hidden tests) left behind, the network on.
+  local site-packages, the validation log (with the hidden tests and the
+  patch) left behind, the network on.
 - :func:`grade`: the agent's workspace is turned into a diff against the base; the diff is applied to a **fresh
   copy**; protected paths (tests, conftest, pytest and packaging config, sitecustomize, ``.pth``) are restored;
   hidden tests run in the sandbox through the grader's own runner (``_runner.py``: no conftest, no plugins, no
@@ -267,6 +268,7 @@ def make_workspace(task: CodeTask, dest: str | Path, *, cleaned: bool = True, ui
             logs.mkdir()
             for f in sorted(task.hidden_tests.glob("*.py")):
                 (logs / f.name).write_bytes(f.read_bytes())
+            (logs / "fix.patch").write_text(task.reference_patch)
             (logs / "validation.log").write_text("F2P: " + " ".join(task.f2p) + "\nP2P: " + " ".join(task.p2p) + "\n")
         finally:
             shutil.rmtree(fixed, ignore_errors=True)
@@ -307,7 +309,7 @@ def run_hidden_tests(task: CodeTask, repo_dir: Path, ids: list[str], cfg: CodeEn
             r = run_sandboxed([sys.executable, "-I", "-S", str(RUNNER), str(repo_dir), str(tests), *ids],
                               cwd=repo_dir, timeout_s=cfg.grade_timeout_s, cfg=cfg.sandbox,
                               stdin=(nonce + "\n").encode(), pass_fds=(fd,),
-                              env={"MIMO_RESULT_FD": str(fd)})
+                              env={"MIMO_RESULT_FD": str(fd)}, visible=(tests,))
         finally:
             os.close(fd)
         outcomes = {tid: "missing" for tid in ids}

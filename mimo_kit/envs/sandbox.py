@@ -72,6 +72,7 @@ class SandboxConfig(Config):
     uid_base: int = knob(200_000, "throw-away uids are drawn from [uid_base, uid_base + 50000); no passwd entry",
                          min=1000)
     hide_kit_data: bool = knob(True, "cover the kit's data/ (gold patches, hidden tests) with an empty tmpfs")
+    private_tmp: bool = knob(True, "mask every /tmp entry except the command's own dirs (other episodes' workspaces)")
 
     PRESETS = {"tiny": {}}
 
@@ -264,8 +265,24 @@ def _exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((a, tuple(n)) for a, n in out.items())
 
 
+def _tmp_masks(keep: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """(path, is_dir) of every /tmp entry that is neither one of ``keep`` nor an ancestor of one."""
+    out = []
+    for entry in os.scandir("/tmp"):
+        path = entry.path
+        if any(k == path or k.startswith(path + "/") for k in keep):
+            continue
+        try:
+            if entry.is_symlink():
+                continue
+            out.append((path, entry.is_dir()))
+        except OSError:
+            continue
+    return tuple(out)
+
+
 def _preexec(cfg: SandboxConfig, uid: int | None, hide: tuple[str, ...], netns: bool, mountns: bool,
-             stage: str) -> None:
+             stage: str, masks: tuple[tuple[str, bool], ...] = ()) -> None:
     """Runs in the child between fork and exec: namespaces, rlimits, then drop to the sandbox uid."""
     flags = (CLONE_NEWNET if netns else 0) | (CLONE_NEWNS if mountns else 0)
     if flags and _libc.unshare(flags) != 0:
@@ -274,6 +291,11 @@ def _preexec(cfg: SandboxConfig, uid: int | None, hide: tuple[str, ...], netns: 
         _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
         for path in hide:
             _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
+        for path, is_dir in masks:  # other episodes' files in /tmp: empty dirs, /dev/null files
+            if is_dir:
+                _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
+            else:
+                _libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None)
         if uid is not None:
             for i, (ancestor, needed) in enumerate(_exposures()):
                 staged = []
@@ -305,14 +327,15 @@ def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | 
                   cfg: SandboxConfig | None = None, home: str | Path | None = None, uid: int | None = None,
                   env: dict[str, str] | None = None, stdin: bytes | None = None,
                   hide_paths: Sequence[str | Path] = (), network: bool | None = None,
-                  pass_fds: Sequence[int] = ()) -> SandboxResult:
+                  pass_fds: Sequence[int] = (), visible: Sequence[str | Path] = ()) -> SandboxResult:
     """Run ``cmd`` (an argv list, or a shell string run by ``/bin/sh -c``) in ``cwd`` under the sandbox.
 
     ``uid``: the episode's sandbox uid (:func:`new_uid`); a fresh one is drawn when None. The caller owns ``cwd``'s
     permissions: :func:`chown_tree` it to ``uid`` to make it writable. ``home``: a private HOME (a fresh temp dir,
     removed afterwards, when None). ``env`` adds to :func:`minimal_env`. ``hide_paths`` are masked with an empty
     tmpfs (plus the kit's ``data/`` when ``cfg.hide_kit_data``). ``pass_fds``: descriptors the command inherits
-    (the grader's write-only result file).
+    (the grader's write-only result file). With ``cfg.private_tmp`` every other entry of ``/tmp`` is masked; list
+    extra paths the command needs there (besides ``cwd`` and ``home``) in ``visible``.
     """
     cfg = cfg or SandboxConfig()
     timeout = cfg.timeout_s if timeout_s is None else float(timeout_s)
@@ -353,6 +376,8 @@ def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | 
     if own_home and uid is not None:
         os.chown(home_dir, uid, uid)
     stage = tempfile.mkdtemp(prefix="mimo-stage-")  # root-only mount points for the exposure binds
+    masks = _tmp_masks(tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible))) if (
+        mountns and cfg.private_tmp) else ()
     t0 = time.perf_counter()
     timed_out = False
     out, err = _Tail(cfg.output_limit), _Tail(cfg.output_limit)
@@ -361,7 +386,7 @@ def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | 
             argv, cwd=str(cwd), env=minimal_env(str(home_dir), env), stdin=subprocess.PIPE if stdin else
             subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
             close_fds=True, pass_fds=tuple(pass_fds),
-            preexec_fn=functools.partial(_preexec, cfg, uid, hide, netns, mountns, stage))
+            preexec_fn=functools.partial(_preexec, cfg, uid, hide, netns, mountns, stage, masks))
         if stdin:
             try:
                 proc.stdin.write(stdin)
