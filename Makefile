@@ -32,6 +32,9 @@ lab: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/mimo-kit notebooks
 
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_decoder.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
 

@@ -281,3 +281,23 @@ def test_parameter_counts_of_the_report():
     counts = count_parameters(MiMoConfig.preset("tiny"))
     assert counts["total"] == sum(p.numel() for p in tiny_model.parameters())
     assert sum(v for k, v in counts.items() if k not in ("total", "active")) == counts["total"]
+
+
+def test_attention_maps_match_the_model_and_sum_to_one():
+    from mimo_kit.model.inspect import attention_maps, kv_cache_bytes
+
+    model = tiny(sliding_window=5)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.sinks.fill_(1.0)
+    ids = torch.randint(0, 512, (1, 12))
+    probs, sink = attention_maps(model, ids, layer=1)
+    torch.testing.assert_close(probs.sum(-1) + sink, torch.ones(4, 12))
+    assert (sink > 0).all() and torch.all(probs[:, 8, :4] == 0)  # outside the window of 5
+    ga_probs, ga_sink = attention_maps(model, ids, layer=0)
+    assert torch.all(ga_sink == 0) and torch.allclose(ga_probs.sum(-1), torch.ones(4, 12))
+    # the analytic cache size equals what the cache allocates once the GA buffers are exactly full
+    cfg = model.config
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.randint(0, 512, (1, 16)), cache)  # GA capacity starts at 16
+    assert cache.nbytes() == kv_cache_bytes(cfg, 16, bytes_per_value=4)["total"]

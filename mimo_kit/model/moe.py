@@ -82,9 +82,14 @@ def _grouped_mm_ok(x: torch.Tensor, w: torch.Tensor) -> bool:
     return x.shape[-1] % align == 0 and w.shape[1] % align == 0 and x.device.type in ("cpu", "cuda")
 
 
+#: Below this many rows per expert on average, a loop over the *non-empty* experts beats a grouped kernel that
+#: visits every expert (decode steps route a handful of rows to a few of E experts).
+GROUPED_MM_MIN_ROWS_PER_EXPERT = 2
+
+
 def grouped_matmul(xs: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Rows of ``xs`` grouped by expert (``counts[e]`` rows each) times ``w[e]ᵀ``: [Σ counts, in] → [Σ counts, out]."""
-    if _grouped_mm_ok(xs, w):
+    if xs.shape[0] >= GROUPED_MM_MIN_ROWS_PER_EXPERT * w.shape[0] and _grouped_mm_ok(xs, w):
         offs = counts.cumsum(0).to(torch.int32)
         try:
             return torch._grouped_mm(xs, w.transpose(1, 2), offs=offs)
