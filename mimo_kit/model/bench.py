@@ -85,8 +85,9 @@ def run_bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
         for T in cfg.prefill_lengths:
             ids = torch.randint(0, vocab, (1, T), generator=gen)
             say(f"prefill {T}")
-            k, h = _best_pair(lambda: kit(ids, logits_to_keep=1),
-                              (lambda: hf(ids, logits_to_keep=1)) if hf is not None else None, cfg.repeats)
+            k, h = _best_pair(lambda ids=ids: kit(ids, logits_to_keep=1),
+                              (lambda ids=ids: hf(ids, logits_to_keep=1)) if hf is not None else None,
+                              cfg.repeats)
             rows.append({"measure": f"prefill {T} (tok/s)", "kit": T / k, "transformers": T / h, "ratio": h / k})
 
         say(f"decode at {cfg.decode_context}")
