@@ -145,3 +145,10 @@ def test_flatten_layout_and_payload_tensors():
     assert unflatten(b) == [s]
     with pytest.raises(TrajectoryError, match="item 0 is a dict"):
         flatten([s.to_dict()])
+
+
+def test_shipped_traces_load_and_match_their_generator():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "data" / "traces" / "toy_groups.jsonl"
+    assert load_jsonl(path) == [toy_sample("p0"), toy_sample("p1")]
