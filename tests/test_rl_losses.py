@@ -230,3 +230,22 @@ def test_opd_batch_loss_reports_reverse_kl_on_trained_tokens():
     loss, stats = opd_batch_loss(s, t, mask, torch.tensor([0, 1]))
     assert stats["reverse_kl"] == pytest.approx(math.log(2) / 3)
     assert float(loss) == pytest.approx(stats["reverse_kl"])  # token-mean of k_t: the loss value is the KL
+
+
+def test_prefix_conditioned_context_trains_only_the_students_new_turn():
+    from mimo_kit.rl import Sample, Sequence, flatten, prefix_conditioned_context
+    from mimo_kit.rl.examples import text_segment
+
+    prefix = [text_segment("user", "task"), text_segment("assistant", "teacher turn"), text_segment("tool", "out")]
+    student = text_segment("assistant", "student turn", version=3)
+    ctx = prefix_conditioned_context(prefix, student, prefix_source="sft")
+    assert [s.source for s in ctx.segments] == ["human", "sft", "env", "policy"]
+    assert prefix[1].source == "policy"  # the caller's segments are not modified
+    b = flatten([Sample("p", [Sequence([ctx], "s0")])])
+    n_prefix = sum(len(s) for s in prefix)
+    assert b.loss_mask[0, :n_prefix].sum() == 0 and b.loss_mask[0, n_prefix:].all()
+    assert (b.policy_version[0][b.loss_mask[0]] == 3).all()
+    with pytest.raises(ValueError, match="prefix_source='student'"):
+        prefix_conditioned_context(prefix, student, prefix_source="student")
+    with pytest.raises(ValueError, match="role='tool'"):
+        prefix_conditioned_context(prefix, prefix[2])

@@ -89,7 +89,7 @@ def gar_redistribute(advantages: Any, passed: Any, quality: Any, max_scale: floa
         λ = Σ_P A_i / Σ_P f_i A_i,   A'_i = λ f_i A_i on P,   A'_i = A_i off P   ⇒   Σ_P A'_i = Σ_P A_i
 
     Practical mode: the scale is capped, s_i = min(λ f_i, max_scale), and with ``recenter`` the group mean is
-    subtracted again, A' ← A' − mean(A'). Groups where redistribution is undefined (fewer than one pass,
+    subtracted again, A' ← A' − mean(A'). Groups where redistribution is undefined (no pass,
     Σ_P A_i ≤ 0 or Σ_P f_i A_i ≤ 0, e.g. passes that sit below the group mean) are returned unchanged.
     ``quality`` f_i must lie in (0, 1] on the passes (failures' entries are ignored).
     """

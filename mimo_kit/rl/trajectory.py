@@ -315,24 +315,21 @@ class TrainBatch:
 
 def flatten(samples: list[Sample], pad_id: int = 0) -> TrainBatch:
     """Lay each context's stored token ids into a padded row; no tokenizer involved (token-in/token-out)."""
-    rows: list[tuple[int, int, Context]] = []
+    rows: list[Context] = []
+    seq_index: dict[tuple[int, str], int] = {}
     for g, sample in enumerate(samples):
         if not isinstance(sample, Sample):
             raise TrajectoryError(f"flatten: item {g} is a {type(sample).__name__}, expected a Sample")
         for sequence in sample.sequences:
-            for ctx in sequence.contexts:
-                rows.append((g, 0, ctx))
-    seq_index = {}
-    for g, sample in enumerate(samples):
-        for s in sample.sequences:
-            seq_index[(g, s.sequence_id)] = len(seq_index)
-    n_rows, width = len(rows), max([len(c.token_ids()) for _, _, c in rows], default=0)
+            seq_index[(g, sequence.sequence_id)] = len(seq_index)
+            rows += sequence.contexts
+    n_rows, width = len(rows), max([len(c.token_ids()) for c in rows], default=0)
     input_ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
     attention = torch.zeros(n_rows, width, dtype=torch.bool)
     loss_mask, error_mask = torch.zeros_like(attention), torch.zeros_like(attention)
     logprobs = torch.zeros(n_rows, width, dtype=torch.float64)
     version = torch.full((n_rows, width), -1, dtype=torch.long)
-    all_segs = [s for _, _, c in rows for s in c.segments]
+    all_segs = [s for c in rows for s in c.segments]
     re_shape = next(((len(s.routed_experts[0]), len(s.routed_experts[0][0])) for s in all_segs
                      if s.routed_experts), None)
     routed = torch.full((n_rows, width, *re_shape), -1, dtype=torch.long) if re_shape else None
