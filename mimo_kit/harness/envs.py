@@ -1,0 +1,87 @@
+"""Environment adapters for the mini-harness: one workspace per episode, graded once at the end (Report §4.2).
+
+Each adapter builds the episode's sandbox identity (a throw-away uid owning the workspace and a private HOME in a
+non-listable temp folder), exposes the task text as ``instruction`` and its domain tools, and grades with the
+environment's own grader. Use as a context manager so the workspace is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from mimo_kit.envs import code as code_env
+from mimo_kit.envs import cyber as cyber_env
+from mimo_kit.envs.hacks import audited_reward
+from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
+from mimo_kit.harness.tools import Tool, Workspace
+
+
+class BaseEnv:
+    instruction: str = ""
+
+    def __init__(self, sandbox: SandboxConfig | None = None, network: bool = False):
+        self.sandbox = sandbox or SandboxConfig()
+        self.tmp = Path(tempfile.mkdtemp(prefix="mimo-episode-"))
+        self.tmp.chmod(0o711)
+        uid = new_uid(self.sandbox)
+        (self.tmp / "home").mkdir()
+        self.workspace = Workspace(self.tmp / "ws", uid, self.tmp / "home", self.sandbox, network)
+
+    def _own(self) -> None:
+        chown_tree(self.workspace.root, self.workspace.uid)
+        chown_tree(self.workspace.home, self.workspace.uid)
+
+    def domain_tools(self) -> list[Tool]:
+        return []
+
+    def grade(self) -> dict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CodeEnv(BaseEnv):
+    """A code task: the clean single-commit workspace; graded by the hardened grader, then audited."""
+
+    def __init__(self, task: code_env.CodeTask, *, cleaned: bool = True, audit: bool = True,
+                 cfg: code_env.CodeEnvConfig | None = None):
+        self.cfg = cfg or code_env.CodeEnvConfig()
+        super().__init__(self.cfg.sandbox, network=not cleaned)
+        self.task, self.audit = task, audit
+        code_env.make_workspace(task, self.workspace.root, cleaned=cleaned)
+        self._own()
+        self.instruction = task.instruction
+
+    def grade(self) -> dict:
+        g = code_env.grade(self.task, self.workspace.root, self.cfg)
+        reward, flags = audited_reward(g.reward, self.workspace.commands) if self.audit else (g.reward, [])
+        return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
+                "hack_flags": [f.reason for f in flags], "test_output": g.test_output}
+
+
+class CyberEnv(BaseEnv):
+    """A cyber target: the stripped sources; the agent writes ``poc.bin`` and submits."""
+
+    def __init__(self, target: cyber_env.CyberTarget, cfg: cyber_env.CyberConfig | None = None):
+        self.cfg = cfg or cyber_env.CyberConfig()
+        super().__init__(self.cfg.sandbox)
+        self.target = target
+        cyber_env.make_workspace(target, self.workspace.root)
+        self._own()
+        self.instruction = target.description + " Write the input to poc.bin in the working directory, then submit."
+
+    def grade(self) -> dict:
+        poc = self.workspace.root / "poc.bin"
+        if not poc.is_file():
+            return {"reward": 0.0, "reason": "no poc.bin in the workspace"}
+        g = cyber_env.grade_poc(self.target, poc.read_bytes(), self.cfg)
+        return {"reward": g.reward, "reason": g.reason, "got": list(g.got or ())}
