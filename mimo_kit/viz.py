@@ -13,6 +13,7 @@ from pathlib import Path
 
 import matplotlib
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 #: The kit's palette: one colour per compared variant, in order, colour-blind safe (Okabe–Ito).
@@ -58,6 +59,7 @@ def curves(series: Mapping[str, Sequence[float] | tuple[Sequence[float], Sequenc
             ax.plot(x, y, color=color, label=name, lw=1.8)
     if logy:
         ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 100000 → 100k
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if len(series) > 1:
         ax.legend()
