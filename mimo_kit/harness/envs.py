@@ -85,3 +85,24 @@ class CyberEnv(BaseEnv):
             return {"reward": 0.0, "reason": "no poc.bin in the workspace"}
         g = cyber_env.grade_poc(self.target, poc.read_bytes(), self.cfg)
         return {"reward": g.reward, "reason": g.reason, "got": list(g.got or ())}
+
+
+class GeneralEnv(BaseEnv):
+    """A general task: the mock shop's API as domain tools; graded by rubric, state and negative checks."""
+
+    def __init__(self, task, judge=None, sandbox: SandboxConfig | None = None):
+        from mimo_kit.envs import general
+
+        super().__init__(sandbox)
+        self.general, self.task, self.judge = general, task, judge
+        general.make_workspace(task, self.workspace.root)
+        self._own()
+        self.instruction = task.instruction
+
+    def domain_tools(self) -> list[Tool]:
+        return self.general.shop_tools(self.workspace.root)
+
+    def grade(self) -> dict:
+        g = self.general.grade_general(self.task, self.workspace.root, self.judge)
+        return {"reward": g.reward, "rubric_score": g.rubric_score, "reasons": g.reasons,
+                "state_ok": g.state_ok, "negative_ok": g.negative_ok}

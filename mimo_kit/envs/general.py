@@ -1,0 +1,361 @@
+"""General tool-use tasks: SQLite + files + API mocks, graded by atomic binary rubrics (Report §4.2).
+
+The report reproduces external services as local mocks, resets each rollout's sandbox to its initial state and
+grades with **atomic binary rubric items**: deterministic properties by code, open content by an LLM, plus
+**negative checks** for unrelated file/DB changes, and it warns that adversarial solutions may only look right.
+
+Here a task (``data/general_tasks/<id>.json``) runs against a small shop: ``shop.db`` (built from
+``shop_seed.json``) and a ``notes/`` folder in the workspace, and a set of mock API tools (:func:`shop_tools`)
+with JSON schemas, some enforcing policy (a shipped order cannot be cancelled, a refund cannot exceed what was
+paid, only pending orders change address). Grading (:func:`grade_general`):
+
+1. **rubric items**, each pass/fail: ``row`` / ``count`` / ``file_contains`` / ``file_absent`` checks by code, and
+   ``judge`` items (open text: an email's tone) through a :class:`Judge`: :class:`RuleJudge` is the offline
+   stand-in (keyword groups), :class:`EngineJudge` asks a rollout engine;
+2. a **state check**: the task's gold actions are replayed on a fresh copy and the canonical dumps of the
+   allowed tables are compared (free-text columns excluded: wording is the judge's business);
+3. **negative checks**: any change to a table or file outside the task's allowed ones fails.
+
+Reward 1 iff everything passes (the fraction of rubric items is reported alongside).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from mimo_kit.harness.tools import Tool, ToolError
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
+SEED = DATA_DIR / "shop_seed.json"
+
+
+class GeneralTaskError(ValueError):
+    """A general task file the environment cannot use; the message names the bad value."""
+
+
+@dataclasses.dataclass
+class GeneralTask:
+    id: str
+    instruction: str
+    gold_actions: list[dict]
+    allowed_tables: list[str]
+    allowed_files: list[str]
+    free_text: dict[str, list[str]]
+    rubric: list[dict]
+    seed: Path = SEED
+
+
+_CHECK_TYPES = {"row", "count", "file_contains", "file_absent", "judge"}
+
+
+def load_general_task(path: str | Path) -> GeneralTask:
+    path = Path(path)
+    where = f"general task {str(path)!r}"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise GeneralTaskError(f"{where}: cannot read ({e})") from None
+    spec = {"id": str, "instruction": str, "gold_actions": list, "allowed_tables": list, "allowed_files": list,
+            "rubric": list}
+    for key, tp in spec.items():
+        if not isinstance(data.get(key), tp):
+            raise GeneralTaskError(f"{where}: {key}={data.get(key)!r}, expected a {tp.__name__}")
+    tools = {t.name for t in shop_tools(None)}
+    for i, act in enumerate(data["gold_actions"]):
+        if not isinstance(act, dict) or act.get("tool") not in tools:
+            raise GeneralTaskError(f"{where}: gold_actions[{i}]={act!r}, expected a tool among {sorted(tools)}")
+    for i, item in enumerate(data["rubric"]):
+        if not isinstance(item, dict) or item.get("type") not in _CHECK_TYPES or "id" not in item:
+            raise GeneralTaskError(f"{where}: rubric[{i}]={item!r}, expected an 'id' and a 'type' among "
+                                   f"{sorted(_CHECK_TYPES)}")
+    return GeneralTask(data["id"], data["instruction"], data["gold_actions"], data["allowed_tables"],
+                       data["allowed_files"], data.get("free_text", {}), data["rubric"])
+
+
+def shipped_general_tasks(directory: str | Path = DATA_DIR) -> list[GeneralTask]:
+    return [load_general_task(p) for p in sorted(Path(directory).glob("*.json")) if p.name != "shop_seed.json"]
+
+
+# ---- the mock shop ------------------------------------------------------------------------------------------------
+def build_db(db: Path, seed: Path = SEED) -> None:
+    data = json.loads(seed.read_text())
+    con = sqlite3.connect(db)
+    with con:
+        for table, spec in data["tables"].items():
+            con.execute(f"CREATE TABLE {table} ({spec['schema']})")
+            cols = spec["columns"]
+            con.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                            spec["rows"])
+    con.close()
+
+
+def make_workspace(task: GeneralTask, dest: str | Path) -> Path:
+    """A fresh shop: ``shop.db`` and an empty ``notes/`` (Report §4.2: each rollout starts from the initial state)."""
+    dest = Path(dest)
+    (dest / "notes").mkdir(parents=True, exist_ok=True)
+    build_db(dest / "shop.db", task.seed)
+    (dest / "README.md").write_text("Shop workspace: shop.db (use the API tools), notes/ for your files.\n")
+    return dest
+
+
+def _q(db: Path, sql: str, args: tuple = ()) -> list[dict]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        with con:
+            return [dict(r) for r in con.execute(sql, args)]
+    finally:
+        con.close()
+
+
+def shop_tools(ws: Path | None) -> list[Tool]:
+    """The shop's API as tools (JSON schemas; policy enforced inside). ``ws`` None: schemas only."""
+    db = (ws / "shop.db") if ws else None
+
+    def order(order_id: int) -> dict:
+        rows = _q(db, "SELECT * FROM orders WHERE id = ?", (order_id,))
+        if not rows:
+            raise ToolError(f"no order with id {order_id}")
+        return rows[0]
+
+    def find_customer(email: str) -> str:
+        rows = _q(db, "SELECT * FROM customers WHERE email = ?", (email,))
+        if not rows:
+            raise ToolError(f"no customer with email {email!r}")
+        return json.dumps(rows[0])
+
+    def list_orders(customer_id: int) -> str:
+        return json.dumps(_q(db, "SELECT * FROM orders WHERE customer_id = ? ORDER BY id", (customer_id,)))
+
+    def get_order(order_id: int) -> str:
+        return json.dumps(order(order_id))
+
+    def cancel_order(order_id: int, reason: str) -> str:
+        o = order(order_id)
+        if o["status"] != "pending":
+            raise ToolError(f"policy: order {order_id} is {o['status']}; only pending orders can be cancelled "
+                            f"(shipped orders go through a return)")
+        _q(db, "UPDATE orders SET status = 'cancelled' WHERE id = ?", (order_id,))
+        return f"order {order_id} cancelled"
+
+    def issue_refund(order_id: int, amount: float, reason: str) -> str:
+        o = order(order_id)
+        if o["status"] not in ("delivered", "cancelled"):
+            raise ToolError(f"policy: order {order_id} is {o['status']}; refunds need a delivered or cancelled order")
+        done = sum(r["amount"] for r in _q(db, "SELECT amount FROM refunds WHERE order_id = ?", (order_id,)))
+        if amount <= 0 or amount + done > o["total"] + 1e-9:
+            raise ToolError(f"policy: refund {amount} on order {order_id} exceeds what is left ({o['total'] - done})")
+        _q(db, "INSERT INTO refunds (order_id, amount, reason) VALUES (?, ?, ?)", (order_id, amount, reason))
+        return f"refunded {amount:.2f} on order {order_id}"
+
+    def update_address(order_id: int, address: str) -> str:
+        o = order(order_id)
+        if o["status"] != "pending":
+            raise ToolError(f"policy: order {order_id} is {o['status']}; only pending orders change address")
+        _q(db, "UPDATE orders SET address = ? WHERE id = ?", (address, order_id))
+        return f"order {order_id} ships to {address}"
+
+    def send_email(to: str, subject: str, body: str) -> str:
+        if not _q(db, "SELECT id FROM customers WHERE email = ?", (to,)):
+            raise ToolError(f"policy: {to!r} is not a customer address")
+        _q(db, "INSERT INTO outbox (to_addr, subject, body) VALUES (?, ?, ?)", (to, subject, body))
+        return f"email to {to} queued"
+
+    def list_inventory() -> str:
+        return json.dumps(_q(db, "SELECT * FROM inventory ORDER BY sku"))
+
+    def restock(sku: str, quantity: int) -> str:
+        if quantity <= 0:
+            raise ToolError(f"restock: quantity={quantity}, expected a positive number")
+        if not _q(db, "SELECT sku FROM inventory WHERE sku = ?", (sku,)):
+            raise ToolError(f"no item with sku {sku!r}")
+        _q(db, "UPDATE inventory SET qty = qty + ? WHERE sku = ?", (quantity, sku))
+        return f"{sku} +{quantity}"
+
+    def write_note(path: str, content: str) -> str:
+        p = (ws / "notes" / path).resolve()
+        if (ws / "notes").resolve() not in p.parents:
+            raise ToolError(f"write_note: path {path!r} must stay inside notes/")
+        p.write_text(content)
+        return f"wrote notes/{path}"
+
+    def read_note(path: str) -> str:
+        p = (ws / "notes" / path).resolve()
+        if (ws / "notes").resolve() not in p.parents or not p.is_file():
+            raise ToolError(f"read_note: no note {path!r}")
+        return p.read_text()
+
+    S, I, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
+    obj = lambda **props: {"type": "object", "properties": props, "required": list(props)}  # noqa: E731
+    return [Tool("find_customer", "look up a customer by email", obj(email=S), find_customer),
+            Tool("list_orders", "orders of a customer", obj(customer_id=I), list_orders),
+            Tool("get_order", "one order", obj(order_id=I), get_order),
+            Tool("cancel_order", "cancel a pending order", obj(order_id=I, reason=S), cancel_order),
+            Tool("issue_refund", "refund part or all of a delivered/cancelled order",
+                 obj(order_id=I, amount=N, reason=S), issue_refund),
+            Tool("update_address", "change the address of a pending order", obj(order_id=I, address=S),
+                 update_address),
+            Tool("send_email", "email a customer", obj(to=S, subject=S, body=S), send_email),
+            Tool("list_inventory", "all inventory items", obj(), list_inventory),
+            Tool("restock", "add units to an item", obj(sku=S, quantity=I), restock),
+            Tool("write_note", "write a file under notes/", obj(path=S, content=S), write_note),
+            Tool("read_note", "read a file under notes/", obj(path=S), read_note)]
+
+
+def replay(actions: list[dict], ws: Path) -> list[str]:
+    """Run tool calls on a workspace (the gold actions for the state check, or a scripted agent)."""
+    tools = {t.name: t for t in shop_tools(ws)}
+    out = []
+    for act in actions:
+        try:
+            out.append(tools[act["tool"]].fn(**act.get("args", {})))
+        except ToolError as e:
+            out.append(f"refused: {e}")
+    return out
+
+
+# ---- canonical state ----------------------------------------------------------------------------------------------
+def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[str, list]:
+    """Canonical dump: every table's rows as sorted tuples, minus excluded (free-text) columns."""
+    exclude = exclude or {}
+    out = {}
+    for (table,) in sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+        rows = _q(db, f"SELECT * FROM {table}")
+        out[table] = sorted(json.dumps({k: v for k, v in r.items() if k not in exclude.get(table, [])},
+                                       sort_keys=True) for r in rows)
+    return out
+
+
+def file_hashes(ws: Path) -> dict[str, str]:
+    """Hashes of the workspace's files, except the database (compared by dump) and environment metadata."""
+    return {p.relative_to(ws).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(ws.rglob("*")) if p.is_file() and not p.name.startswith("shop.db")
+            and p.relative_to(ws).parts[0] not in (".git", ".task")}
+
+
+# ---- judges -------------------------------------------------------------------------------------------------------
+class Judge(Protocol):
+    def __call__(self, criterion: str, text: str, item: dict) -> bool: ...
+
+
+class RuleJudge:
+    """Offline stand-in for an LLM judge: every keyword group must match (any word of a group, case-insensitive)."""
+
+    def __call__(self, criterion: str, text: str, item: dict) -> bool:
+        low = text.lower()
+        return all(any(k.lower() in low for k in group) for group in item.get("keywords", []))
+
+
+class EngineJudge:
+    """An LLM judge through any ``generate(prompt) -> str`` callable (a rollout engine); answers YES or NO."""
+
+    def __init__(self, generate: Callable[[str], str]):
+        self.generate = generate
+
+    def __call__(self, criterion: str, text: str, item: dict) -> bool:
+        reply = self.generate(f"Criterion: {criterion}\nText:\n{text}\nDoes the text meet the criterion? "
+                              "Answer YES or NO.")
+        return reply.strip().upper().startswith("YES")
+
+
+# ---- grading ------------------------------------------------------------------------------------------------------
+def _where(item: dict) -> tuple[str, tuple]:
+    w = item.get("where", {})
+    return (" AND ".join(f"{k} = ?" for k in w) or "1"), tuple(w.values())
+
+
+def check_item(item: dict, ws: Path, judge: Judge) -> tuple[bool, str]:
+    """One atomic binary rubric item: (passed, what was seen)."""
+    db = ws / "shop.db"
+    t = item["type"]
+    if t == "row":
+        cond, args = _where(item)
+        rows = _q(db, f"SELECT * FROM {item['table']} WHERE {cond}", args)
+        ok = len(rows) == 1 and all(rows[0].get(k) == v for k, v in item["expect"].items())
+        return ok, json.dumps(rows)[:200]
+    if t == "count":
+        cond, args = _where(item)
+        n = _q(db, f"SELECT COUNT(*) AS n FROM {item['table']} WHERE {cond}", args)[0]["n"]
+        return n == item["expect"], f"{n} rows"
+    if t in ("file_contains", "file_absent"):
+        p = ws / item["path"]
+        text = p.read_text() if p.is_file() else None
+        if t == "file_absent":
+            return text is None, "absent" if text is None else "present"
+        ok = text is not None and all(s.lower() in text.lower() for s in item["text"])
+        return ok, (text or "<missing>")[:200]
+    if t == "judge":
+        cond, args = _where(item)
+        rows = _q(db, f"SELECT {item['column']} AS v FROM {item['table']} WHERE {cond}", args)
+        text = "\n---\n".join(str(r["v"]) for r in rows)
+        return bool(rows) and judge(item["criterion"], text, item), text[:200]
+    raise GeneralTaskError(f"rubric item {item.get('id')!r}: unknown type {t!r}")
+
+
+@dataclasses.dataclass
+class GeneralGrade:
+    task: str
+    passed: bool
+    reward: float
+    rubric: dict[str, bool]
+    rubric_score: float
+    state_ok: bool
+    negative_ok: bool
+    reasons: list[str]
+
+
+def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None) -> GeneralGrade:
+    """Rubric items + state check against replayed gold actions + negative checks (Report §4.2)."""
+    ws = Path(ws)
+    judge = judge or RuleJudge()
+    reasons = []
+    rubric = {}
+    for item in task.rubric:
+        ok, seen = check_item(item, ws, judge)
+        rubric[item["id"]] = ok
+        if not ok:
+            reasons.append(f"rubric {item['id']} failed ({item.get('description', '')}); saw {seen}")
+    tmp = Path(tempfile.mkdtemp(prefix="mimo-general-"))
+    try:
+        gold = make_workspace(task, tmp / "gold")
+        initial = dump_tables(gold / "shop.db")
+        initial_files = file_hashes(gold)
+        replay(task.gold_actions, gold)
+        want = dump_tables(gold / "shop.db", task.free_text)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        got_full = dump_tables(ws / "shop.db")
+        got = dump_tables(ws / "shop.db", task.free_text)
+    except sqlite3.DatabaseError as e:
+        return GeneralGrade(task.id, False, 0.0, rubric, 0.0, False, False, reasons + [f"shop.db unreadable: {e}"])
+    state_ok = all(got.get(t) == want.get(t) for t in task.allowed_tables)
+    if not state_ok:
+        reasons.append(f"state check: tables {[t for t in task.allowed_tables if got.get(t) != want.get(t)]} differ "
+                       "from the replayed gold actions")
+    changed_tables = [t for t in set(initial) | set(got_full) if t not in task.allowed_tables
+                      and initial.get(t) != got_full.get(t)]
+    files = file_hashes(ws)
+    changed_files = [f for f in set(initial_files) | set(files) if f not in task.allowed_files
+                     and initial_files.get(f) != files.get(f)]
+    negative_ok = not changed_tables and not changed_files
+    if not negative_ok:
+        reasons.append(f"negative check: changed outside the task: tables {sorted(changed_tables)}, "
+                       f"files {sorted(changed_files)}")
+    score = sum(rubric.values()) / max(1, len(rubric))
+    passed = all(rubric.values()) and state_ok and negative_ok
+    return GeneralGrade(task.id, passed, float(passed), rubric, score, state_ok, negative_ok, reasons)
+
+
+def task_view(task: GeneralTask) -> dict[str, Any]:
+    """What a notebook shows of a task (no gold actions)."""
+    return {"id": task.id, "instruction": task.instruction, "rubric items": len(task.rubric),
+            "allowed tables": ", ".join(task.allowed_tables), "allowed files": ", ".join(task.allowed_files)}
