@@ -193,19 +193,19 @@ def shop_tools(ws: Path | None) -> list[Tool]:
             raise ToolError(f"read_note: no note {path!r}")
         return p.read_text()
 
-    S, I, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
+    S, INT, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
     obj = lambda **props: {"type": "object", "properties": props, "required": list(props)}  # noqa: E731
     return [Tool("find_customer", "look up a customer by email", obj(email=S), find_customer),
-            Tool("list_orders", "orders of a customer", obj(customer_id=I), list_orders),
-            Tool("get_order", "one order", obj(order_id=I), get_order),
-            Tool("cancel_order", "cancel a pending order", obj(order_id=I, reason=S), cancel_order),
+            Tool("list_orders", "orders of a customer", obj(customer_id=INT), list_orders),
+            Tool("get_order", "one order", obj(order_id=INT), get_order),
+            Tool("cancel_order", "cancel a pending order", obj(order_id=INT, reason=S), cancel_order),
             Tool("issue_refund", "refund part or all of a delivered/cancelled order",
-                 obj(order_id=I, amount=N, reason=S), issue_refund),
-            Tool("update_address", "change the address of a pending order", obj(order_id=I, address=S),
+                 obj(order_id=INT, amount=N, reason=S), issue_refund),
+            Tool("update_address", "change the address of a pending order", obj(order_id=INT, address=S),
                  update_address),
             Tool("send_email", "email a customer", obj(to=S, subject=S, body=S), send_email),
             Tool("list_inventory", "all inventory items", obj(), list_inventory),
-            Tool("restock", "add units to an item", obj(sku=S, quantity=I), restock),
+            Tool("restock", "add units to an item", obj(sku=S, quantity=INT), restock),
             Tool("write_note", "write a file under notes/", obj(path=S, content=S), write_note),
             Tool("read_note", "read a file under notes/", obj(path=S), read_note)]
 
@@ -227,7 +227,8 @@ def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[s
     """Canonical dump: every table's rows as sorted tuples, minus excluded (free-text) columns."""
     exclude = exclude or {}
     out = {}
-    for (table,) in sqlite3.connect(db).execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"):
+    tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    for (table,) in sqlite3.connect(db).execute(tables):
         rows = _q(db, f"SELECT * FROM {table}")
         out[table] = sorted(json.dumps({k: v for k, v in r.items() if k not in exclude.get(table, [])},
                                        sort_keys=True) for r in rows)
