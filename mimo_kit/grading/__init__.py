@@ -1,0 +1,16 @@
+"""Group graders, GRS rubric synthesis and the rollout-group workspace (Report §4.3)."""
+
+from mimo_kit.grading.group import (
+                                    AXES,
+                                    GraderConfig,
+                                    GroupVerdict,
+                                    GroupWorkspace,
+                                    LLMGroupGrader,
+                                    Rollout,
+                                    RuleGroupGrader,
+                                    tier_factors,
+)
+from mimo_kit.grading.grs import Rubric, RubricItem, synthesize_rubric
+
+__all__ = ["AXES", "GraderConfig", "GroupVerdict", "GroupWorkspace", "LLMGroupGrader", "Rollout", "RuleGroupGrader",
+           "tier_factors", "Rubric", "RubricItem", "synthesize_rubric"]
