@@ -1,0 +1,143 @@
+"""Chapter 4b experiments: task validation, the hack suite, the grading benchmark (Report §4.2–4.3).
+
+    mimo-kit run validate-tasks              # every shipped code task, 8 reruns
+    mimo-kit run hack-suite tasks=[stats-median]
+    mimo-kit run bench-grading repeats=10
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.experiments import experiment
+
+
+def _pick(all_items: list, names: tuple[str, ...], what: str) -> list:
+    if not names:
+        return all_items
+    by_id = {x.id: x for x in all_items}
+    bad = [n for n in names if n not in by_id]
+    if bad:
+        raise ConfigError(f"unknown {what} {bad}; known: {', '.join(by_id)}")
+    return [by_id[n] for n in names]
+
+
+@dataclasses.dataclass
+class ValidateTasksConfig(Config):
+    """Which code tasks to validate, and how many reruns."""
+
+    tasks: tuple[str, ...] = knob((), "task ids; empty = every shipped task")
+    reruns: int = knob(8, "Report §4.2: identical results over 8 reruns", min=1)
+
+    PRESETS = {"tiny": {}}
+
+
+@experiment("validate-tasks", ValidateTasksConfig, chapter="ch04b")
+def run_validate_tasks(cfg: ValidateTasksConfig) -> list[dict]:
+    """Validate code tasks: F2P fail / P2P pass before the reference patch, all pass after, stable over reruns."""
+    from mimo_kit.envs.code import CodeEnvConfig, shipped_tasks, validate_task
+
+    rows = []
+    for task in _pick(shipped_tasks(), cfg.tasks, "code tasks"):
+        v = validate_task(task, CodeEnvConfig(reruns=cfg.reruns))
+        rows.append({"task": task.id, "source": task.source, "F2P": len(task.f2p), "P2P": len(task.p2p),
+                     "valid": v.ok, "reasons": "; ".join(v.reasons) or "-", "seconds": round(v.wall_s, 2)})
+    return rows
+
+
+@dataclasses.dataclass
+class HackSuiteConfig(Config):
+    """Which tasks and strategies the hack agent attacks; both environment variants by default."""
+
+    tasks: tuple[str, ...] = knob((), "code task ids; empty = every shipped task")
+    strategies: tuple[str, ...] = knob((), "strategy names; empty = all")
+    general: bool = knob(True, "also attack the general tasks with the general strategies")
+
+    PRESETS = {"tiny": {}}
+
+
+@experiment("hack-suite", HackSuiteConfig, chapter="ch04b")
+def run_hack_suite_experiment(cfg: HackSuiteConfig) -> dict:
+    """Every hack × every task, uncleaned vs cleaned: bypass shares before and after the trajectory audit."""
+    from mimo_kit.envs.code import shipped_tasks
+    from mimo_kit.envs.general import shipped_general_tasks
+    from mimo_kit.envs.hacks import GENERAL_STRATEGIES, bypass_table, run_general_strategy, run_hack_suite
+
+    results = run_hack_suite(_pick(shipped_tasks(), cfg.tasks, "code tasks"), strategies=list(cfg.strategies) or None)
+    if cfg.general:
+        results += [run_general_strategy(t, s, cleaned=c) for c in (False, True) for t in shipped_general_tasks()
+                    for s in GENERAL_STRATEGIES]
+    cells = [{"task": r.task, "strategy": r.strategy, "family": r.family,
+              "environment": "cleaned" if r.cleaned else "uncleaned", "reward": r.reward, "audited": r.audited}
+             for r in results]
+    return {"summary": bypass_table(results), "cells": cells}
+
+
+@dataclasses.dataclass
+class BenchGradingConfig(Config):
+    """How many repetitions the grading benchmark times."""
+
+    repeats: int = knob(20, "20 runs give a stable median on a shared 2-core machine", min=1)
+    tasks: tuple[str, ...] = knob((), "code task ids to time; empty = all")
+
+    PRESETS = {"tiny": {}}
+
+
+def _timed(fn, repeats: int) -> dict:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"median_ms": round(1000 * statistics.median(times), 1), "max_ms": round(1000 * max(times), 1)}
+
+
+@experiment("bench-grading", BenchGradingConfig, chapter="ch04b")
+def run_bench_grading(cfg: BenchGradingConfig) -> dict:
+    """Sandbox overhead over a bare subprocess, and the time to grade a toy code task, a cyber PoC, a general task."""
+    from mimo_kit.envs import cyber, general
+    from mimo_kit.envs.code import grade_patch, shipped_tasks
+    from mimo_kit.envs.sandbox import capabilities, run_sandboxed
+
+    n = cfg.repeats
+    ws = tempfile.mkdtemp(prefix="mimo-bench-")
+    sandbox = [
+        {"command": "true", "bare": _timed(lambda: subprocess.run(["true"], cwd=ws), n),
+         "sandboxed": _timed(lambda: run_sandboxed(["true"], ws), n)},
+        {"command": "python -c pass", "bare": _timed(lambda: subprocess.run([sys.executable, "-I", "-S", "-c", "pass"],
+                                                                            cwd=ws), n),
+         "sandboxed": _timed(lambda: run_sandboxed([sys.executable, "-I", "-S", "-c", "pass"], ws), n)},
+    ]
+    for row in sandbox:
+        row["overhead_ms"] = round(row["sandboxed"]["median_ms"] - row["bare"]["median_ms"], 1)
+    grading = []
+    for task in _pick(shipped_tasks(), cfg.tasks, "code tasks"):
+        grading.append({"task": task.id, "reference patch": _timed(lambda t=task: grade_patch(t, t.reference_patch), n),
+                        "empty patch": _timed(lambda t=task: grade_patch(t, ""), n)})
+    target = cyber.shipped_targets()[0]
+    cyber.grade_poc(target, target.gold_poc)  # build once (cached)
+    gtask = general.shipped_general_tasks()[0]
+
+    def grade_general_once():
+        d = tempfile.mkdtemp(prefix="mimo-bench-g-")
+        try:
+            w = general.make_workspace(gtask, d + "/ws")
+            general.replay(gtask.gold_actions, w)
+            general.grade_general(gtask, w)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    caps = capabilities()
+    shutil.rmtree(ws, ignore_errors=True)
+    return {"sandbox": sandbox, "code_grading": grading,
+            "cyber_grading": {"target": target.id, **_timed(lambda: cyber.grade_poc(target, target.gold_poc), n)},
+            "general_grading": {"task": gtask.id, **_timed(grade_general_once, n)},
+            "isolation": {"network_namespace": caps.netns or caps.unshare_cmd, "mount_namespace": caps.mountns,
+                          "root": caps.root}}
