@@ -106,3 +106,24 @@ class GeneralEnv(BaseEnv):
         g = self.general.grade_general(self.task, self.workspace.root, self.judge)
         return {"reward": g.reward, "rubric_score": g.rubric_score, "reasons": g.reasons,
                 "state_ok": g.state_ok, "negative_ok": g.negative_ok}
+
+
+class VisualEnv(BaseEnv):
+    """A visual task: the agent writes ``drawing.txt`` (the tiny drawing language) and submits."""
+
+    def __init__(self, task, sandbox: SandboxConfig | None = None):
+        from mimo_kit.envs import visual
+
+        super().__init__(sandbox)
+        self.visual, self.task = visual, task
+        self.workspace.root.mkdir()
+        (self.workspace.root / "LANGUAGE.md").write_text(visual.__doc__.split("::")[1].split("rendered")[0])
+        self._own()
+        self.instruction = task.instruction + " Write the drawing program to drawing.txt, then submit."
+
+    def grade(self) -> dict:
+        prog = self.workspace.root / "drawing.txt"
+        if not prog.is_file():
+            return {"reward": 0.0, "reason": "no drawing.txt"}
+        g = self.visual.grade_drawing(self.task, prog.read_text())
+        return {"reward": g.reward, "score": g.score, "reason": g.reason}
