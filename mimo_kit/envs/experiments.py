@@ -141,3 +141,27 @@ def run_bench_grading(cfg: BenchGradingConfig) -> dict:
             "general_grading": {"task": gtask.id, **_timed(grade_general_once, n)},
             "isolation": {"network_namespace": caps.netns or caps.unshare_cmd, "mount_namespace": caps.mountns,
                           "root": caps.root}}
+
+
+def solution(n: int):
+    """Reference answers to chapter 4b's exercises, computed by the kit (the notebook checks against them)."""
+    if n == 1:
+        from mimo_kit.envs.code import shipped_tasks
+        from mimo_kit.envs.hacks import run_hack_suite
+
+        results = run_hack_suite(shipped_tasks(), strategies=["git-history"], variants=(False,))
+        return sum(r.reward > 0 for r in results)
+    if n == 2:
+        from mimo_kit.envs.cyber import run_poc, shipped_targets
+
+        target = next(t for t in shipped_targets() if t.id == "packet-decoy")
+        return run_poc(target, target.decoy_poc, fixed=False).report
+    if n == 3:
+        from mimo_kit.envs.code import shipped_tasks
+        from mimo_kit.grading import synthesize_rubric
+        from mimo_kit.grading.demo import demo_group
+
+        group = demo_group(next(t for t in shipped_tasks() if t.id == "stats-median"))
+        rubric = synthesize_rubric(group)
+        return round(rubric.reward(next(r for r in group.rollouts if r.id == "sprawl")), 3)
+    raise ValueError(f"chapter 4b has exercises 1-3, not {n!r}")
