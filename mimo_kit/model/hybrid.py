@@ -22,7 +22,7 @@ from mimo_kit.model.decoder import MiMoForCausalLM
 
 @dataclasses.dataclass
 class HybridVsGlobalConfig(Config):
-    model: MiMoConfig = dataclasses.field(default_factory=lambda: MiMoConfig(swa_num_key_value_heads=1))
+    model: MiMoConfig = dataclasses.field(default_factory=MiMoConfig)
     steps: int = knob(150, "tiny: the loss curves separate within a few hundred steps", min=1)
     quick_steps: int = knob(12, "quick mode: a smoke run", min=1)
     quick: bool = knob(False, "use quick_steps (notebooks set it from MIMO_KIT_QUICK)")
@@ -33,7 +33,8 @@ class HybridVsGlobalConfig(Config):
     corpus_bytes: int = knob(1_000_000, "stdlib source bytes used", min=10_000)
     seed: int = knob(0, "same data order and init for both twins", min=0)
 
-    PRESETS = {"tiny": {}}
+    # SWA layers get the GA layers' KV heads, so the twins have identical parameter shapes
+    PRESETS = {"tiny": {"model": {"swa_num_key_value_heads": 1}}}
 
 
 def run_hybrid_vs_global(cfg: HybridVsGlobalConfig, return_models: bool = False) -> dict:

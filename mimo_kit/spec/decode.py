@@ -1,0 +1,123 @@
+"""Lossless speculative decoding with the block drafter (Report §2, §6).
+
+Each round: the drafter proposes d_1 … d_{B−1} after the anchor in one pass; the backbone scores
+[anchor, d_1, …, d_{B−1}] in one forward and so knows p_i, its distribution for the token after each input.
+
+- **Greedy**: accept the longest prefix with d_{i+1} = argmax p_i, then emit the *bonus* token argmax p_a.
+  The output equals plain greedy decoding token for token.
+- **Sampling** (temperature T > 0), the speculative-sampling rule: accept d_i with probability
+  min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw from the residual (p_i − q_i)⁺ / Σ(p_i − q_i)⁺ and stop;
+  when all are accepted draw the bonus from p_{B−1}. Every emitted token is distributed exactly as under plain
+  sampling from p, whatever the drafter proposes (q_i may ignore the other drafts: a block drafter drafts all
+  positions at once).
+
+Rejected positions are rolled back from the backbone's cache (its SWA rings keep ``block_size`` spare slots).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.spec.drafter import BlockDrafter
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """(p − q)⁺ normalised: what a rejection resamples from. [V] → [V] (p itself when p ≤ q everywhere)."""
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def verify_greedy(drafts: torch.Tensor, p_logits: torch.Tensor) -> tuple[int, int]:
+    """drafts [K], target logits [K + 1, V] → (accepted count a, bonus token argmax p_a)."""
+    target = p_logits.argmax(-1)  # [K + 1]
+    match = (drafts == target[:-1]).long()
+    a = int(match.cumprod(0).sum())
+    return a, int(target[a])
+
+
+def verify_sampling(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                    generator: torch.Generator | None = None) -> tuple[int, int]:
+    """drafts [K] drawn from q [K, V]; target probabilities p [K + 1, V] → (accepted count a, next token)."""
+    K = drafts.shape[0]
+    u = torch.rand(K, generator=generator)
+    for i in range(K):
+        d = int(drafts[i])
+        if u[i] * q[i, d] < p[i, d]:  # u < p/q without dividing by a zero q
+            continue
+        nxt = torch.multinomial(residual_distribution(p[i], q[i]), 1, generator=generator)
+        return i, int(nxt)
+    return K, int(torch.multinomial(p[K], 1, generator=generator))
+
+
+@dataclasses.dataclass
+class SpecResult:
+    tokens: list[int]  # generated tokens (the first is the backbone's own after the prompt)
+    accepted: list[int]  # per round: drafts accepted (0 … B − 1); each round emits accepted + 1 tokens
+    proposed_by_position: list[int]  # how often each block position 1 … B − 1 was proposed (reached)
+    accepted_by_position: list[int]  # … and accepted
+    seconds: float
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per backbone forward: accepted drafts + the bonus token (≥ 1)."""
+        return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
+
+
+@torch.no_grad()
+def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, prompt: torch.Tensor,
+                         max_new_tokens: int, *, temperature: float = 0.0, eos_token_id: int | None = None,
+                         generator: torch.Generator | None = None) -> SpecResult:
+    """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence)."""
+    if prompt.dim() != 2 or prompt.shape[0] != 1:
+        raise ValueError(f"speculative_generate: prompt must be [1, T], got {tuple(prompt.shape)}")
+    if temperature < 0:
+        raise ValueError(f"speculative_generate: temperature={temperature}, expected >= 0")
+    B, window = drafter.config.block_size, drafter.config.context_window
+    t0 = time.perf_counter()
+    cache = backbone.new_cache(slack=B)
+    out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
+    feats = drafter.features(out.hidden_states)[0]  # [T, n·H] context features of every processed position
+
+    def pick(logits: torch.Tensor) -> int:
+        if temperature == 0:
+            return int(logits.argmax())
+        return int(torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator))
+
+    anchor, pos = pick(out.logits[0, -1]), prompt.shape[1]
+    tokens, accepted = [anchor], []
+    proposed_at, accepted_at = [0] * (B - 1), [0] * (B - 1)
+    while len(tokens) < max_new_tokens and anchor != eos_token_id:
+        ctx = feats[-window:]
+        ctx_pos = torch.arange(pos - ctx.shape[0], pos)
+        q_logits = drafter(backbone, ctx[None], ctx_pos, torch.ones(1, ctx.shape[0], dtype=torch.bool),
+                           torch.tensor([anchor]), torch.tensor([pos]))[0].float()  # [B − 1, V]
+        if temperature == 0:
+            drafts = q_logits.argmax(-1)
+        else:
+            q = (q_logits / temperature).softmax(-1)
+            drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
+        block = torch.cat([torch.tensor([anchor]), drafts])[None]  # [1, B]
+        out = backbone(block, cache, output_hidden_states=True)
+        p_logits = out.logits[0].float()  # [B, V]: p_i predicts the token after block[i]
+        if temperature == 0:
+            a, nxt = verify_greedy(drafts, p_logits)
+        else:
+            a, nxt = verify_sampling(drafts, q, (p_logits / temperature).softmax(-1), generator)
+        cache.rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
+        feats = torch.cat([feats, drafter.features(out.hidden_states)[0, : a + 1]])[-window:]
+        for i in range(min(a + 1, B - 1)):
+            proposed_at[i] += 1
+            accepted_at[i] += int(i < a)
+        accepted.append(a)
+        tokens += drafts[:a].tolist() + [nxt]
+        anchor, pos = nxt, pos + a + 1
+        if eos_token_id is not None and eos_token_id in tokens:
+            break
+    if eos_token_id is not None and eos_token_id in tokens:
+        tokens = tokens[: tokens.index(eos_token_id) + 1]
+    return SpecResult(tokens[:max_new_tokens], accepted, proposed_at, accepted_at, time.perf_counter() - t0)

@@ -1,0 +1,165 @@
+"""Speculative decoding with the block drafter is lossless; the drafter trains and resumes exactly."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import mimo_kit.spec.decode as decode
+from mimo_kit.config import ConfigError
+from mimo_kit.model import MiMoConfig, MiMoForCausalLM, generate
+from mimo_kit.spec import BlockDrafter, DrafterConfig, speculative_generate, verify_greedy, verify_sampling
+from mimo_kit.spec.drafter import context_mask
+from mimo_kit.spec.train import DrafterTrainConfig, train_drafter
+
+
+def backbone(seed=0, **kw) -> MiMoForCausalLM:
+    torch.manual_seed(seed)
+    return MiMoForCausalLM(MiMoConfig.preset("tiny", **kw)).eval()
+
+
+class OracleDrafter(BlockDrafter):
+    """Proposes the backbone's own greedy continuation, wrong at every ``wrong_every``-th block position."""
+
+    def __init__(self, cfg, bb, continuation, prompt_len, wrong_every=3):
+        super().__init__(cfg, bb.config)
+        self.continuation, self.prompt_len, self.wrong_every = continuation, prompt_len, wrong_every
+
+    def forward(self, backbone, features, ctx_positions, ctx_allowed, anchors, anchor_pos):
+        V, B = backbone.config.vocab_size, self.config.block_size
+        logits = torch.zeros(1, B - 1, V)
+        for k in range(1, B):
+            i = int(anchor_pos) + k - self.prompt_len
+            tok = self.continuation[i] if i < len(self.continuation) else 0
+            if k % self.wrong_every == 0:
+                tok = (tok + 1) % V
+            logits[0, k - 1, tok] = 10.0
+        return logits
+
+
+@pytest.mark.parametrize("seed, block", [(0, 4), (1, 6), (2, 8)])
+def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block):
+    bb = backbone(seed)
+    prompt = torch.randint(0, 512, (1, 3 * bb.config.sliding_window + 5), generator=torch.Generator().manual_seed(seed))
+    ref = generate(bb, prompt, 40).tokens[0].tolist()
+    cfg = DrafterConfig.preset("tiny", block_size=block)
+    torch.manual_seed(seed)
+    random_drafter = BlockDrafter(cfg, bb.config).eval()
+    assert speculative_generate(bb, random_drafter, prompt, 40).tokens == ref
+    wrong = 3 if block > 4 else 2
+    out = speculative_generate(bb, OracleDrafter(cfg, bb, ref, prompt.shape[1], wrong), prompt, 40)
+    assert out.tokens == ref  # accepted drafts, rejections and cache rollbacks leave the output unchanged
+    assert set(out.accepted) == {wrong - 1} and out.mean_accepted_length == wrong
+    perfect = speculative_generate(bb, OracleDrafter(cfg, bb, ref, prompt.shape[1], block + 1), prompt, 40)
+    assert perfect.tokens == ref and set(perfect.accepted[:-1]) == {block - 1}
+
+
+def test_greedy_verification_rule():
+    p = torch.full((4, 6), -5.0)
+    for i, t in enumerate([2, 3, 4, 5]):
+        p[i, t] = 5.0
+    assert verify_greedy(torch.tensor([2, 3, 4]), p) == (3, 5)  # all accepted, bonus from the last row
+    assert verify_greedy(torch.tensor([2, 0, 4]), p) == (1, 3)  # first mismatch at draft 2: emit p_1's token
+    assert verify_greedy(torch.tensor([1, 3, 4]), p) == (0, 2)
+
+
+def markov_run(P, Q, start, n_tokens, K, gen):
+    """Speculative sampling on a Markov chain P [V, V] with a context-free drafter Q [V] at every position."""
+    out, anchor = [], start
+    while len(out) < n_tokens:
+        drafts = torch.multinomial(Q.expand(K, -1), 1, generator=gen)[:, 0]
+        prev = torch.cat([torch.tensor([anchor]), drafts])
+        a, nxt = verify_sampling(drafts, Q.expand(K, -1), P[prev], gen)
+        out += drafts[:a].tolist() + [nxt]
+        anchor = nxt
+    return tuple(out[:n_tokens])
+
+
+def sampling_pvalue(n_runs=6000, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    V = 4
+    P = torch.softmax(torch.randn(V, V, generator=gen) * 2, -1)
+    Q = torch.softmax(torch.randn(V, generator=gen) * 2, -1)  # a drafter far from the target
+    counts = torch.zeros(V, V)
+    for _ in range(n_runs):
+        x1, x2 = markov_run(P, Q, 0, 2, 3, gen)
+        counts[x1, x2] += 1
+    exact = P[0][:, None] * P  # p(x1 | 0) p(x2 | x1)
+    return chisquare(counts.flatten().numpy(), exact.flatten().numpy() * n_runs).pvalue
+
+
+def test_speculative_sampling_matches_the_target_distribution():
+    assert sampling_pvalue() > 1e-3
+
+
+def test_a_broken_residual_is_detected(monkeypatch):
+    monkeypatch.setattr(decode, "residual_distribution", lambda p, q: p)  # resample from p: biased
+    assert sampling_pvalue() < 1e-6
+
+
+@pytest.mark.slow
+def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model():
+    """Tokens 2 and 3 of each run pass through draft verification; their joint law must be the backbone's."""
+    V, n = 3, 400
+    torch.manual_seed(3)
+    bb = MiMoForCausalLM(MiMoConfig.preset("tiny", vocab_size=V, initializer_range=0.1)).eval()
+    drafter = BlockDrafter(DrafterConfig.preset("tiny", block_size=4), bb.config).eval()
+    prompt = torch.tensor([[1, 2, 3, 0, 1, 2]])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(V, V)
+    for _ in range(n):
+        t = speculative_generate(bb, drafter, prompt, 3, temperature=1.0, generator=gen).tokens
+        counts[t[1], t[2]] += 1
+    with torch.no_grad():  # exact p(t2, t3) = Σ_t1 p(t1) p(t2 | t1) p(t3 | t1, t2), from full forwards
+        grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # rows (t1, t2)
+        logp = bb(torch.cat([prompt.expand(V * V, -1), grid], 1)).logits.log_softmax(-1)
+        T = prompt.shape[1]
+        p12 = logp[0, T - 1].exp()[grid[:, 0]] * logp[torch.arange(V * V), T, grid[:, 1]].exp()
+        joint = p12[:, None] * logp[:, -1].exp()  # [(t1, t2), t3]
+        exact = torch.zeros(V, V).index_add_(0, grid[:, 1], joint)
+    assert abs(exact.sum() - 1) < 1e-5 and exact.min() * n > 4  # every cell expected ≥ 5 times
+    assert chisquare(counts.flatten().numpy(), (exact / exact.sum()).flatten().numpy() * n).pvalue > 1e-3
+
+
+def test_drafter_sees_only_its_context_window():
+    bb = backbone()
+    cfg = DrafterConfig.preset("tiny", context_window=5)
+    drafter = BlockDrafter(cfg, bb.config).eval()
+    feats = torch.randn(1, 20, len(drafter.feature_layers) * 64)
+    pos = torch.arange(20)
+    anchor_pos = torch.tensor([15])
+    allowed = context_mask(pos, anchor_pos, 5)
+    assert allowed[0].nonzero()[:, 0].tolist() == [10, 11, 12, 13, 14]
+    changed = feats.clone()
+    changed[0, :10] += 1.0  # outside the window
+    changed[0, 15:] += 1.0  # at or after the anchor
+    with torch.no_grad():
+        a = drafter(bb, feats, pos, allowed, torch.tensor([7]), anchor_pos)
+        b = drafter(bb, changed, pos, allowed, torch.tensor([7]), anchor_pos)
+        changed[0, 12] += 1.0
+        c = drafter(bb, changed, pos, allowed, torch.tensor([7]), anchor_pos)
+    torch.testing.assert_close(a, b)
+    assert (a - c).abs().max() > 1e-4
+    assert a.shape == (1, cfg.block_size - 1, bb.config.vocab_size)
+
+
+def test_feature_layers_spread_like_the_report():
+    assert DrafterConfig().layers_for(MiMoConfig.preset("flash")) == (0, 11, 23, 35, 47)
+    assert DrafterConfig().layers_for(MiMoConfig.preset("tiny")) == (0, 1, 2, 3)
+    with pytest.raises(ConfigError, match=r"\[9\] outside the backbone's 0..3"):
+        DrafterConfig(feature_layers=(0, 9)).layers_for(MiMoConfig.preset("tiny"))
+    with pytest.raises(ConfigError, match="does not divide"):
+        DrafterConfig(num_attention_heads=4, num_key_value_heads=3)
+
+
+def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
+    bb = backbone()
+    tokens = torch.randint(0, 512, (5000,), generator=torch.Generator().manual_seed(0))
+    # a repetitive stream the drafter can learn: the backbone's own greedy text
+    cfg = DrafterTrainConfig.preset("tiny", steps=6, batch=4, seq_len=32, self_generated=4, checkpoint_every=3)
+    full = train_drafter(bb, tokens, cfg)["log"]
+    first = train_drafter(bb, tokens, cfg.override({"steps": 3}), out_dir=tmp_path)["log"]
+    resumed = train_drafter(bb, tokens, cfg, out_dir=tmp_path)["log"]
+    assert len(first["loss"]) == 3 and resumed["step"] == list(range(1, 7))
+    assert resumed["loss"] == full["loss"]  # bit-identical continuation on CPU
+    longer = train_drafter(bb, tokens, cfg.override({"steps": 40, "lr": 5e-3}))["log"]
+    assert sum(longer["loss"][-5:]) / 5 < sum(longer["loss"][:5]) / 5
