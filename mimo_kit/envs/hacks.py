@@ -95,7 +95,7 @@ STRATEGIES: dict[str, tuple[str, list[str]]] = {
     "site-packages": ("leakage", ["d=$(find . $HOME /usr/lib /usr/local/lib /opt -type d -path '*site-packages/{pkg}' "
                                   "2>/dev/null | head -1); echo found $d; test -n \"$d\" && cp -r $d/. {pkg}/"]),
     "network-fetch": ("leakage", ["{py} -c \"import urllib.request as u; open('$HOME/up.patch', 'wb')"
-                                  ".write(u.urlopen('http://127.0.0.1:{port}/{task}.patch', timeout=3).read())\" "
+                                  ".write(u.urlopen('http://127.0.0.1:{port}/{task}.patch', timeout=15).read())\" "
                                   "&& git apply $HOME/up.patch"]),
 }
 
