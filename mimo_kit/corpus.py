@@ -47,3 +47,56 @@ def batches(tokens: torch.Tensor, batch: int, seq_len: int, generator: torch.Gen
         start = torch.randint(0, len(tokens) - seq_len - 1, (batch,), generator=generator)
         window = torch.stack([tokens[s : s + seq_len + 1] for s in start.tolist()]).long()
         yield window[:, :-1], window[:, 1:]
+
+
+# ---- chapter 3: documents for the tokenizer and the pre-training loop ---------------------------------------------
+KIT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def kit_text_files() -> list[Path]:
+    """Text the kit ships: the markdown files under ``data/`` (task and trace descriptions), sorted."""
+    root = KIT_ROOT / "data"
+    return sorted(p for p in root.rglob("*.md") if p.is_file()) if root.is_dir() else []
+
+
+def documents(max_bytes: int | None = None, kit_text: bool = True) -> list[tuple[str, str]]:
+    """``(name, text)`` per document: the stdlib's top-level sources, then (optionally) the kit's markdown.
+
+    Names are ``stdlib/<file>`` and ``kit/<path>``; the order is sorted, so the list is the same on every run of
+    the same Python. ``max_bytes`` keeps whole documents until the budget is spent (at least one).
+    """
+    root = KIT_ROOT
+    named = [(f"stdlib/{p.name}", p) for p in stdlib_files()]
+    if kit_text:
+        named += [(f"kit/{p.relative_to(root).as_posix()}", p) for p in kit_text_files()]
+    out, total = [], 0
+    for name, path in named:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+        if max_bytes is not None and out and total + len(text.encode()) > max_bytes:
+            break
+        out.append((name, text))
+        total += len(text.encode())
+    return out
+
+
+def document_split(docs: list[tuple[str, str]], val_fraction: float = 0.05
+                   ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, val) by whole documents: a document is validation iff crc32(name) mod 10⁴ < val_fraction · 10⁴.
+
+    Hashing the *name* keeps the split stable when documents are added or removed (and never splits a file).
+    At least one document lands on each side.
+    """
+    import zlib
+
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"document_split: val_fraction={val_fraction}; expected 0 < val_fraction < 1")
+    if len(docs) < 2:
+        raise ValueError(f"document_split: need at least 2 documents, got {len(docs)}")
+    is_val = [zlib.crc32(name.encode()) % 10_000 < val_fraction * 10_000 for name, _ in docs]
+    if not any(is_val):
+        is_val[-1] = True
+    if all(is_val):
+        is_val[0] = False
+    train = [d for d, v in zip(docs, is_val) if not v]
+    val = [d for d, v in zip(docs, is_val) if v]
+    return train, val
