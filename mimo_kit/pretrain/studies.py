@@ -23,6 +23,9 @@ from mimo_kit.optim.mxfp4 import quantize_experts_
 from mimo_kit.pretrain.config import PretrainConfig
 from mimo_kit.pretrain.loop import Trainer
 
+#: The tiny preset of every study: short enough for a shared 2-core machine (minutes, not hours)
+TINY_STUDY = {"pretrain": {"steps": 60, "batch": 4, "seq_len": 64, "eval_every": 20}}
+
 
 def _trainers(cfg: PretrainConfig, kinds: tuple[str, ...]) -> dict[str, Trainer]:
     first = Trainer(dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, matrix_optimizer=kinds[0])))
@@ -48,7 +51,7 @@ class CompareConfig(Config):
     pretrain: PretrainConfig = dataclasses.field(default_factory=lambda: PretrainConfig(steps=200))
     optimizers: tuple[str, ...] = knob(("adamw", "muon", "muown"), "the report's optimiser and its two alternatives")
 
-    PRESETS = {"tiny": {"pretrain": {"steps": 80, "eval_every": 20}}, "small": {"pretrain": {"steps": 400}}}
+    PRESETS = {"tiny": TINY_STUDY, "small": {"pretrain": {"steps": 400}}}
 
     def check(self) -> None:
         bad = [o for o in self.optimizers if o not in ("adamw", "muon", "muown")]
@@ -87,11 +90,11 @@ def compare_optimizers(cfg: CompareConfig, progress: bool = True) -> dict:
 @dataclasses.dataclass
 class SwitchConfig(Config):
     pretrain: PretrainConfig = dataclasses.field(default_factory=lambda: PretrainConfig(steps=200))
-    switch_at: int = knob(40, "switch half-way: AdamW's moments are settled, the loss still falling", min=1)
+    switch_at: int = knob(30, "switch half-way: AdamW's moments are settled, the loss still falling", min=1)
     branches: tuple[str, ...] = knob(("adamw", "muown", "muon"), "continue AdamW (reference), switch to Muown/Muon")
     window: int = knob(10, "steps after the switch in which a spike would show", min=1)
 
-    PRESETS = {"tiny": {"pretrain": {"steps": 80, "eval_every": 20}}, "small": {"pretrain": {"steps": 400},
+    PRESETS = {"tiny": TINY_STUDY, "small": {"pretrain": {"steps": 400},
                                                                                 "switch_at": 200}}
 
     def check(self) -> None:
@@ -146,11 +149,11 @@ def optimizer_switch(cfg: SwitchConfig, progress: bool = True) -> dict:
 @dataclasses.dataclass
 class QATConfig(Config):
     pretrain: PretrainConfig = dataclasses.field(default_factory=lambda: PretrainConfig(steps=200))
-    qat_steps: int = knob(25, "the last third of the run: the report's QAT is a mid-training stage, not all of it",
+    qat_steps: int = knob(20, "the last third of the run: the report's QAT is a mid-training stage, not all of it",
                           min=1)
     quick_qat_steps: int = knob(6, "quick mode", min=1)
 
-    PRESETS = {"tiny": {"pretrain": {"steps": 80, "eval_every": 20}}, "small": {"pretrain": {"steps": 400},
+    PRESETS = {"tiny": TINY_STUDY, "small": {"pretrain": {"steps": 400},
                                                                                 "qat_steps": 120}}
 
     def check(self) -> None:

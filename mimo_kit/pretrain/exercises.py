@@ -1,0 +1,20 @@
+"""Reference answers to chapter 3's exercises, computed by the kit (the notebook checks against them)."""
+
+from __future__ import annotations
+
+
+def solution(n: int):
+    from mimo_kit.model.config import MiMoConfig
+    from mimo_kit.model.params import count_parameters
+
+    if n == 1:  # Flash: pre-training tokens (text + multimodal, Report §3) per *active* parameter
+        return round(48e12 / count_parameters(MiMoConfig.preset("flash"))["active"])
+    if n == 2:  # MXFP4 storage per weight: 32 × 4-bit elements + one 8-bit scale per block of 32
+        return (32 * 4 + 8) / 32
+    if n == 3:  # MXFP4 value of 0.7 in a block whose largest magnitude is 3.0
+        import torch
+
+        from mimo_kit.optim.mxfp4 import qdq
+
+        return qdq(torch.tensor([3.0, 0.7] + [0.0] * 30))[1].item()
+    raise ValueError(f"chapter 3 has exercises 1-3, not {n!r}")
