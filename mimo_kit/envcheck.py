@@ -9,6 +9,7 @@ import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 #: (import name, distribution name, what the kit uses it for). Required: the kit's core and its notebooks.
 REQUIRED = [
@@ -69,6 +70,28 @@ def network_isolation() -> tuple[bool, str]:
     return False, f"unshare -rn refused ({r.stderr.decode(errors='replace').strip()[:120]})"
 
 
+def sanitizer_toolchain() -> tuple[bool, str]:
+    """Whether gcc can build and run a program with ``-fsanitize=address,undefined`` (the cyber tasks need it)."""
+    import tempfile
+
+    cc = shutil.which("gcc")
+    if cc is None:
+        return False, "gcc not found: cyber tasks (chapter 4b) cannot build their targets"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "t.c"
+        src.write_text("int main(void) { return 0; }\n")
+        try:
+            r = subprocess.run([cc, "-fsanitize=address,undefined", "-o", str(Path(tmp) / "t"), str(src)],
+                               capture_output=True, timeout=60)
+            if r.returncode == 0:
+                r = subprocess.run([str(Path(tmp) / "t")], capture_output=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"gcc -fsanitize failed ({e})"
+    if r.returncode != 0:
+        return False, f"gcc -fsanitize=address,undefined does not work here ({r.stderr.decode()[:120].strip()})"
+    return True, "gcc builds and runs ASan/UBSan programs (cyber tasks)"
+
+
 def machine() -> list[str]:
     lines = [f"python {platform.python_version()} on {platform.system()} {platform.machine()}",
              f"cpu cores: {os.cpu_count()}"]
@@ -98,6 +121,11 @@ def run_env_check(required=None, optional=None, print_fn=print) -> int:
         print_fn(f"INFO {line}")
     ok, detail = network_isolation()
     print_fn(f"{'OK  ' if ok else 'WARN'} network isolation: {detail}")
+    for tool in ("git",):
+        print_fn(f"{'OK  ' if shutil.which(tool) else 'WARN'} {tool}: "
+                 f"{'found' if shutil.which(tool) else 'not found (code tasks need it)'}")
+    ok, detail = sanitizer_toolchain()
+    print_fn(f"{'OK  ' if ok else 'WARN'} sanitizers: {detail}")
     missing = [c.name for c in checks if c.required and not c.ok]
     if missing:
         print_fn(f"env-check: required dependencies missing: {', '.join(missing)}")

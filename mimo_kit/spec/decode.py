@@ -121,3 +121,11 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, promp
     if eos_token_id is not None and eos_token_id in tokens:
         tokens = tokens[: tokens.index(eos_token_id) + 1]
     return SpecResult(tokens[:max_new_tokens], accepted, proposed_at, accepted_at, time.perf_counter() - t0)
+
+
+def expected_accepted_length(alpha: float, block_size: int) -> float:
+    """Tokens per round when each of the B − 1 drafts is accepted independently with probability α:
+    E = Σ_{i=0}^{B−1} α^i = (1 − α^B) / (1 − α)  (accepted drafts plus the bonus token)."""
+    if not 0 <= alpha <= 1 or block_size < 2:
+        raise ValueError(f"expected_accepted_length: alpha={alpha} in [0, 1], block_size={block_size} >= 2 expected")
+    return float(block_size) if alpha == 1 else (1 - alpha**block_size) / (1 - alpha)

@@ -99,6 +99,11 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
     ckpt = Path(out_dir) / "drafter.pt" if out_dir is not None else None
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
+        theirs, ours = dict(state["config"], steps=None), dict(cfg.to_dict(), steps=None)
+        if theirs != ours:  # a longer run may continue a shorter one; anything else is another experiment
+            diff = cfg.diff(type(cfg).from_dict(state["config"]))
+            raise ValueError(f"train_drafter: {ckpt} was written by a different config ({diff}); use another "
+                             "out_dir")
         drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
@@ -107,9 +112,8 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
     for step in tqdm(range(start + 1, cfg.steps + 1), desc="drafter", leave=False, initial=start,
                      total=cfg.steps):
         starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
-        x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()]).long()
-        if n_self:
-            x = torch.cat([x, pool[torch.randint(0, len(pool), (n_self,), generator=gen)]])
+        x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
+                        [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
         drafter.train()
         loss, acc = drafter_loss(drafter, backbone, x, gen, cfg.anchors_per_seq)
         opt.zero_grad()

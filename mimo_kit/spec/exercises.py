@@ -1,0 +1,17 @@
+"""Reference answers to chapter 2.4's exercises, computed by the kit (the notebook checks against them)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def solution(n: int):
+    from mimo_kit.spec.decode import expected_accepted_length, residual_distribution
+
+    if n == 1:
+        return round(expected_accepted_length(0.8, 8), 4)
+    if n == 2:
+        return residual_distribution(torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])).tolist()
+    if n == 3:
+        return round(expected_accepted_length(0.8, 8) / (0.3 + 1.2), 2)
+    raise ValueError(f"chapter 2.4 has exercises 1-3, not {n!r}")

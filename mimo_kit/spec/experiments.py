@@ -1,0 +1,45 @@
+"""Chapter 2.4's experiments, registered for ``mimo-kit run``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mimo_kit.config.base import Config, knob
+from mimo_kit.experiments import experiment
+from mimo_kit.spec.bench import (
+    DrafterRefreshConfig,
+    SpecBenchConfig,
+    backbone_and_streams,
+    run_drafter_refresh,
+    run_spec_bench,
+)
+from mimo_kit.spec.train import train_drafter
+
+
+@dataclasses.dataclass
+class DrafterRunConfig(Config):
+    bench: SpecBenchConfig = dataclasses.field(default_factory=SpecBenchConfig)
+    out: str = knob("runs/ch02b/drafter", "checkpoint folder; a rerun resumes from it")
+
+    PRESETS = {"tiny": {}, "small": {}}
+
+
+@experiment("drafter-train", DrafterRunConfig, chapter="ch02b")
+def drafter_train(cfg: DrafterRunConfig) -> dict:
+    """Train the block drafter on the tiny pre-trained backbone (checkpointed, resumable)."""
+    backbone, _, streams = backbone_and_streams(cfg.bench)
+    log = train_drafter(backbone, streams["train"].long(), cfg.bench.train, out_dir=cfg.out)["log"]
+    return {"final_loss": log["loss"][-1], "final_acc_by_position": log["acc"][-1], "steps": log["step"][-1]}
+
+
+@experiment("bench-spec", SpecBenchConfig, chapter="ch02b")
+def bench_spec(cfg: SpecBenchConfig) -> dict:
+    """Accepted length and speedup of speculative decoding for block sizes 4, 6, 8."""
+    result = run_spec_bench(cfg)
+    return {"rows": result["rows"]}
+
+
+@experiment("drafter-refresh", DrafterRefreshConfig, chapter="ch02b")
+def drafter_refresh(cfg: DrafterRefreshConfig) -> dict:
+    """Acceptance of a stale drafter after a policy update, and after retraining it on the policy's own text."""
+    return run_drafter_refresh(cfg)
