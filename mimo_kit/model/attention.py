@@ -160,7 +160,7 @@ class MiMoAttention(nn.Module):
             # decode: the ring buffer's slots are unordered, which softmax does not mind
             ring_k, ring_v, valid = cache.ring_view()
             keys, values = torch.cat([ring_k, k], dim=2), torch.cat([ring_v, v], dim=2)
-            allowed = torch.cat([valid, valid.new_ones(1)])[None, None, None, None, :]
+            allowed = None if valid is None else torch.cat([valid, valid.new_ones(1)])[None, None, None, None, :]
             out = sink_attention(q, keys, values, allowed, sinks, self.scale)
             cache.append(k, v)
         else:

@@ -70,8 +70,11 @@ class LayerCache:
         slots = torch.arange(self.seen - n, self.seen, device=self.k.device) % self.capacity
         return self.k[:, :, slots], self.v[:, :, slots]
 
-    def ring_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """SWA decode: the slots in storage order and a bool mask [capacity] of those within the window."""
+    def ring_view(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """SWA decode: the slots in storage order and a bool mask [capacity] of those within the window
+        (None when every slot is: a full ring without slack holds exactly the window − 1 previous keys)."""
+        if self.seen >= self.capacity == self.window - 1:
+            return self.k, self.v, None
         slot_pos = self._slot_positions()
         valid = (slot_pos >= 0) & (slot_pos >= self.seen - (self.window - 1))
         return self.k, self.v, valid
