@@ -1,0 +1,260 @@
+"""Rollout engines: one protocol, an in-process default (Report §6 "Engines", DESIGN.md "Infrastructure").
+
+The trainer talks to inference only through :class:`RolloutEngine`:
+
+- ``generate(requests)`` → one :class:`GenerationOutput` per request: generated token ids, the rollout logprob of
+  each (log softmax(z/T) before truncation, the quantity TIS and the mismatch metrics need), the finish reason
+  (``"stop"`` | ``"length"`` | ``"abort"``), the **policy version stamped at dispatch** (DESIGN.md lessons: stamping at
+  completion under-counts staleness), and optionally the routed experts of every input position (R3) and the
+  top-p candidate set of every generated token (top-p candidate replay, Report §6.1);
+- ``update_weights(state_dict, version)`` loads new policy weights and moves the version;
+- ``abort()`` cuts every in-flight request at the next decode step (partial rollout, Report §4.1): the outputs come
+  back with ``finish_reason="abort"`` and the tokens so far; :func:`resume_request` builds the continuation, which
+  the engine re-prefills under whatever weights it holds then.
+
+:class:`InProcessEngine` wraps the kit decoder or any transformers causal LM (a PEFT-wrapped one too) in this
+process; it holds its **own copy** of the weights, so a trainer can move on while rollouts run on older ones,
+exactly the gap the staleness bound controls. A SGLang engine joins later by passing ``tests/test_engine.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.generate import sample_next
+
+FINISH_REASONS = ("stop", "length", "abort")
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    """One generation: a prompt (token ids, never text: token-in/token-out) and its sampling settings."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    return_routed_experts: bool = False
+    return_candidates: bool = False
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.request_id!r}: prompt_ids is empty; a prompt needs at least one token")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"request {self.request_id!r}: max_new_tokens={self.max_new_tokens}; expected >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
+            raise ValueError(f"request {self.request_id!r}: temperature={self.temperature} (>= 0), "
+                             f"top_p={self.top_p} (in (0, 1]), top_k={self.top_k} (>= 0) expected")
+
+
+@dataclasses.dataclass
+class GenerationOutput:
+    request_id: str
+    token_ids: list[int]  # generated ids, the stop token included
+    logprobs: list[float]  # per generated token, under softmax(logits / T)
+    finish_reason: str  # "stop" | "length" | "abort"
+    policy_version: int  # engine weights version when the request was dispatched
+    routed_experts: list[list[list[int]]] | None = None  # [prompt + generated tokens][moe layers][k]
+    candidates: list[list[int]] | None = None  # [generated tokens][kept ids] (top-k / top-p sampling set)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs from inference (Report §6). Implementations: :class:`InProcessEngine` (SGLang later)."""
+
+    policy_version: int
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+def resume_request(request: GenerationRequest, partial: GenerationOutput) -> GenerationRequest:
+    """The continuation of an aborted request: prompt + tokens so far, the remaining budget (Report §4.1).
+
+    The engine re-prefills the whole prefix under its current weights (the KV cache of the old weights is stale).
+    """
+    if partial.finish_reason != "abort":
+        raise ValueError(f"resume_request: request {request.request_id!r} finished with "
+                         f"{partial.finish_reason!r}; only aborted requests resume")
+    left = request.max_new_tokens - len(partial.token_ids)
+    if left < 1:
+        raise ValueError(f"resume_request: request {request.request_id!r} has no token budget left")
+    return dataclasses.replace(request, prompt_ids=list(request.prompt_ids) + list(partial.token_ids),
+                               max_new_tokens=left)
+
+
+class InProcessEngine:
+    """The embedded engine: the kit decoder or a transformers causal LM, batched decode with a KV cache.
+
+    Requests with the same prompt length and sampling settings share one batch (a GRPO group is one batch: its
+    rollouts share the prompt). ``seed`` fixes the sampling stream; :meth:`rng_state` / :meth:`set_rng_state`
+    carry it across a checkpoint so a resumed run draws the same tokens.
+    """
+
+    def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0):
+        self.model = copy.deepcopy(model) if copy_weights else model
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.is_kit = isinstance(self.model, MiMoForCausalLM)
+        self.pad_id = pad_id
+        self.policy_version = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self._abort = threading.Event()
+        self.tokens_generated = 0  # decode steps × live rows since construction (progress, for callers)
+
+    # ---- weights and control ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy ``state_dict`` into the engine's weights and stamp ``version`` on later dispatches."""
+        if version < self.policy_version:
+            raise ValueError(f"update_weights: version {version} is older than the engine's {self.policy_version}")
+        missing, unexpected = self.model.load_state_dict(dict(state_dict), strict=False)
+        if unexpected or [k for k in missing if not k.endswith("inv_freq")]:
+            raise ValueError(f"update_weights: state dict does not fit the engine's model (missing "
+                             f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]})")
+        self.policy_version = int(version)
+
+    def abort(self) -> None:
+        """Cut all in-flight requests at the next decode step (callable from another thread)."""
+        self._abort.set()
+
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
+    # ---- forward passes ---------------------------------------------------------------------------------
+    def _forward(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """ids [B, L] continuing ``cache`` → (last-position logits [B, V], cache)."""
+        if self.is_kit:
+            return self.model(ids, cache, logits_to_keep=1).logits[:, -1], cache
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
+
+    def _new_cache(self) -> Any:
+        return self.model.new_cache() if self.is_kit else None
+
+    # ---- generation -------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        """Generate every request; outputs in request order. Abort flags are cleared on entry."""
+        self._abort.clear()
+        version = self.policy_version  # stamped at dispatch
+        out: dict[int, GenerationOutput] = {}
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(requests):
+            if not isinstance(r, GenerationRequest):
+                raise TypeError(f"generate: request {i} is a {type(r).__name__}, expected GenerationRequest")
+            key = (len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop_token_ids),
+                   r.return_routed_experts, r.return_candidates)
+            groups.setdefault(key, []).append(i)
+        for idx in groups.values():
+            for i, o in zip(idx, self._generate_batch([requests[i] for i in idx], version)):
+                out[i] = o
+        return [out[i] for i in range(len(requests))]
+
+    def _generate_batch(self, reqs: list[GenerationRequest], version: int) -> list[GenerationOutput]:
+        r0 = reqs[0]
+        want_routing = r0.return_routed_experts
+        if want_routing and not self.is_kit:
+            raise ValueError("generate: return_routed_experts needs the kit decoder (routing capture)")
+        B = len(reqs)
+        ids = torch.tensor([r.prompt_ids for r in reqs], dtype=torch.long)  # [B, T]
+        stops = torch.tensor(sorted(set(r0.stop_token_ids)), dtype=torch.long)
+        tokens: list[list[int]] = [[] for _ in range(B)]
+        logps: list[list[float]] = [[] for _ in range(B)]
+        cands: list[list[list[int]]] = [[] for _ in range(B)]
+        reasons = ["length"] * B
+        done = torch.zeros(B, dtype=torch.bool)
+        captures: list[torch.Tensor] = []  # per forward: [layers, B·L, k]
+        ctx = self.model.capture_routing() if want_routing else _null()
+        with ctx as record:
+            cache = self._new_cache()
+            logits, cache = self._forward(ids, cache)
+            for _step in range(r0.max_new_tokens):
+                tok, logp, kept = sample_next(logits, temperature=r0.temperature, top_k=r0.top_k, top_p=r0.top_p,
+                                              generator=self.generator)
+                was_done = done.clone()
+                for b in (~was_done).nonzero()[:, 0].tolist():
+                    tokens[b].append(int(tok[b]))
+                    logps[b].append(float(logp[b]))
+                    if r0.return_candidates:
+                        cands[b].append(kept[b].nonzero()[:, 0].tolist())
+                self.tokens_generated += int((~was_done).sum())
+                if stops.numel():
+                    hit = torch.isin(tok, stops) & ~was_done
+                    for b in hit.nonzero()[:, 0].tolist():
+                        reasons[b] = "stop"
+                    done |= hit
+                done |= torch.tensor([len(t) >= r0.max_new_tokens for t in tokens])
+                if self._abort.is_set():
+                    for b in (~done).nonzero()[:, 0].tolist():
+                        reasons[b] = "abort"
+                    done[:] = True
+                # feed this step's tokens (rows finished earlier get pad): R3 needs the routing of every input
+                # position, the last sampled token included, so with routing one extra forward follows the end
+                feed = torch.where(was_done, torch.full_like(tok, self.pad_id), tok)
+                if bool(done.all()) and not want_routing:
+                    break
+                logits, cache = self._forward(feed[:, None], cache)
+                if bool(done.all()):
+                    break
+        if want_routing:
+            captures = record.indices  # [layers, B·T + steps·B, k]
+        outs = []
+        T = ids.shape[1]
+        for b, r in enumerate(reqs):
+            routed = None
+            if want_routing:
+                n = len(tokens[b])
+                prompt_part = captures[:, b * T:(b + 1) * T]  # [layers, T, k]
+                gen_pos = [B * T + s * B + b for s in range(n)]
+                gen_part = captures[:, gen_pos]  # [layers, n, k]
+                routed = torch.cat([prompt_part, gen_part], 1).permute(1, 0, 2).tolist()
+            outs.append(GenerationOutput(r.request_id, tokens[b], logps[b], reasons[b], version, routed,
+                                         cands[b] if r0.return_candidates else None))
+        return outs
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def teacher_forced_logprobs(model: torch.nn.Module, prompt_ids: list[int], token_ids: list[int],
+                            temperature: float = 1.0, routed_experts: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(token_ids | prompt) under ``model`` in one forward (the trainer's view). → [len(token_ids)].
+
+    ``routed_experts`` [layers, prompt + generated − 1 tokens, k] replays the rollout's routing (R3).
+    """
+    ids = torch.tensor([list(prompt_ids) + list(token_ids)[:-1]], dtype=torch.long)
+    with torch.no_grad():
+        if routed_experts is not None:
+            with model.replay_routing(routed_experts):
+                logits = model(ids).logits
+        elif isinstance(model, MiMoForCausalLM):
+            logits = model(ids).logits
+        else:
+            logits = model(input_ids=ids).logits
+    logits = logits[0, len(prompt_ids) - 1:].float()
+    logits = logits / temperature if temperature > 0 else logits
+    return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]

@@ -1,0 +1,194 @@
+"""The rollout-engine contract (Report §6): every engine passes these; parametrised over engine factories.
+
+A SGLang engine joins by adding a factory to ``ENGINES`` (it would skip where no server runs).
+"""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from mimo_kit.infra import GenerationRequest, InProcessEngine, RolloutEngine, resume_request, teacher_forced_logprobs
+from mimo_kit.model import MiMoConfig, MiMoForCausalLM
+
+V = 40
+
+
+def kit_model(seed=0):
+    torch.manual_seed(seed)
+    cfg = MiMoConfig.preset("tiny", vocab_size=V, hidden_size=32, num_hidden_layers=2, global_layers=(0, 1),
+                            intermediate_size=64, moe_intermediate_size=16, n_routed_experts=4, head_dim=16,
+                            v_head_dim=16, initializer_range=0.2)
+    return MiMoForCausalLM(cfg)
+
+
+def hf_model(seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2)
+    return LlamaForCausalLM(cfg).eval()
+
+
+ENGINES = {"kit": kit_model, "hf": hf_model}
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def factory(request):
+    return request.param, ENGINES[request.param]
+
+
+def req(rid, prompt, n=8, **kw):
+    return GenerationRequest(rid, list(prompt), n, **kw)
+
+
+def test_protocol_and_fields(factory):
+    _, make = factory
+    eng = InProcessEngine(make(), seed=1)
+    assert isinstance(eng, RolloutEngine)
+    outs = eng.generate([req("a", [1, 2, 3], 6), req("b", [4, 5], 4, temperature=0.7)])
+    assert [o.request_id for o in outs] == ["a", "b"]
+    for o, n in zip(outs, (6, 4)):
+        assert len(o.token_ids) == len(o.logprobs) == n and o.finish_reason == "length"
+        assert all(0 <= t < V for t in o.token_ids) and all(lp <= 0 for lp in o.logprobs)
+        assert o.policy_version == 0
+
+
+def test_logprobs_match_teacher_forcing(factory):
+    """The engine's rollout logprobs equal a fresh full forward of prompt + tokens (no cache drift)."""
+    _, make = factory
+    model = make()
+    eng = InProcessEngine(model, seed=3)
+    for T in (0.0, 1.0, 0.7):
+        o = eng.generate([req("a", [3, 1, 4, 1, 5], 10, temperature=T)])[0]
+        ref = teacher_forced_logprobs(model, [3, 1, 4, 1, 5], o.token_ids, temperature=T if T else 1.0)
+        torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=2e-4, rtol=0)
+
+
+def test_stop_tokens_and_greedy_batch_invariance(factory):
+    _, make = factory
+    eng = InProcessEngine(make())
+    prompts = [[1, 2, 3], [7, 8], [1, 2, 3], [9, 9, 9, 9]]
+    together = eng.generate([req(str(i), p, 7, temperature=0.0) for i, p in enumerate(prompts)])
+    alone = [eng.generate([req(str(i), p, 7, temperature=0.0)])[0] for i, p in enumerate(prompts)]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+    assert together[0].token_ids == together[2].token_ids
+    stop = together[0].token_ids[2]
+    o = eng.generate([req("s", [1, 2, 3], 7, temperature=0.0, stop_token_ids=(stop,))])[0]
+    assert o.finish_reason == "stop" and o.token_ids[-1] == stop and stop not in o.token_ids[:-1]
+
+
+def test_seeded_sampling_is_reproducible(factory):
+    _, make = factory
+    m = make()
+    a = InProcessEngine(m, seed=5).generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    eng = InProcessEngine(m, seed=5)
+    state = eng.rng_state()
+    b = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    eng.set_rng_state(state)
+    c = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in c]
+
+
+def test_update_weights_and_version_stamp(factory):
+    _, make = factory
+    eng = InProcessEngine(make(0))
+    before = eng.generate([req("a", [1, 2, 3], 6, temperature=0.0)])[0]
+    new = make(1)
+    eng.update_weights(new.state_dict(), version=3)
+    after = eng.generate([req("a", [1, 2, 3], 6, temperature=0.0)])[0]
+    assert after.policy_version == 3 and before.policy_version == 0
+    ref = teacher_forced_logprobs(new, [1, 2, 3], after.token_ids)
+    torch.testing.assert_close(torch.tensor(after.logprobs), ref, atol=2e-4, rtol=0)
+    with pytest.raises(ValueError, match="older"):
+        eng.update_weights(new.state_dict(), version=2)
+    with pytest.raises(ValueError, match="does not fit"):
+        eng.update_weights({"nonsense.weight": torch.zeros(1)}, version=4)
+
+
+def test_engine_keeps_its_own_weights(factory):
+    """Training the policy in place must not change the engine until update_weights (staleness is real)."""
+    _, make = factory
+    model = make()
+    eng = InProcessEngine(model)
+    a = eng.generate([req("a", [1, 2], 5, temperature=0.0)])[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    b = eng.generate([req("a", [1, 2], 5, temperature=0.0)])[0]
+    assert a.logprobs == b.logprobs
+
+
+def test_abort_and_resume(factory):
+    """abort() from another thread cuts the request; the continuation re-prefills and finishes the budget."""
+    _, make = factory
+    eng = InProcessEngine(make(), seed=2)
+    r = req("a", [1, 2, 3], 120, temperature=1.0)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([r])))
+    th.start()
+    while eng.tokens_generated == 0 and th.is_alive():
+        time.sleep(0.0005)
+    eng.abort()
+    th.join()
+    part = result["out"][0]
+    assert part.finish_reason == "abort" and 0 < len(part.token_ids) < 120
+    eng.update_weights(make(1).state_dict(), version=1)
+    cont_req = resume_request(r, part)
+    assert cont_req.prompt_ids == [1, 2, 3] + part.token_ids
+    cont = eng.generate([cont_req])[0]
+    assert cont.finish_reason == "length" and len(part.token_ids) + len(cont.token_ids) == 120
+    assert cont.policy_version == 1 and part.policy_version == 0
+    with pytest.raises(ValueError, match="only aborted"):
+        resume_request(cont_req, cont)
+
+
+def test_candidates_contain_sampled_token(factory):
+    _, make = factory
+    eng = InProcessEngine(make(), seed=4)
+    o = eng.generate([req("a", [1, 2], 10, temperature=1.0, top_p=0.8, return_candidates=True)])[0]
+    assert len(o.candidates) == 10
+    for t, c in zip(o.token_ids, o.candidates):
+        assert t in c and len(c) < V
+
+
+def test_bad_requests_raise():
+    with pytest.raises(ValueError, match="max_new_tokens=0"):
+        GenerationRequest("x", [1], 0)
+    with pytest.raises(ValueError, match="prompt_ids is empty"):
+        GenerationRequest("x", [], 3)
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        GenerationRequest("x", [1], 3, top_p=1.5)
+    with pytest.raises(TypeError, match="expected GenerationRequest"):
+        InProcessEngine(kit_model()).generate([{"prompt_ids": [1]}])
+
+
+def test_routed_experts_replay_reproduces_logprobs():
+    """R3 (Report §6.1): the experts recorded at rollout, replayed in a teacher-forced forward, give the same
+    logprobs even after the router weights moved."""
+    model = kit_model()
+    eng = InProcessEngine(model, seed=0)
+    prompts = [[1, 2, 3, 4], [1, 2, 3, 4], [5, 6, 7, 8]]
+    outs = eng.generate([req(str(i), p, 9, temperature=1.0, return_routed_experts=True, stop_token_ids=(7,))
+                         for i, p in enumerate(prompts)])
+    moved = kit_model()
+    moved.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for m in moved.moe_layers():
+            m.gate.weight.add_(torch.randn_like(m.gate.weight))
+    n_layers = len(model.moe_layers())
+    for p, o in zip(prompts, outs):
+        routed = torch.tensor(o.routed_experts)  # [T + n, layers, k]
+        assert routed.shape == (len(p) + len(o.token_ids), n_layers, model.config.num_experts_per_tok)
+        replay = routed[:-1].permute(1, 0, 2)  # training feeds prompt + generated[:-1]
+        ref = teacher_forced_logprobs(model, p, o.token_ids)
+        torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=2e-4, rtol=0)
+        free = teacher_forced_logprobs(moved, p, o.token_ids)
+        replayed = teacher_forced_logprobs(moved, p, o.token_ids, routed_experts=replay)
+        # replay forces the rollout's experts: the routing part of the mismatch is gone
+        with model.capture_routing() as rec:
+            teacher_forced_logprobs(model, p, o.token_ids)
+        assert torch.equal(rec.indices, replay)
+        assert not torch.allclose(free, replayed)
