@@ -1,0 +1,275 @@
+"""The toy agentic world: one-line-bug programs a tiny model learns to fix on a CPU in minutes (Report §4.3, §5).
+
+Why a toy world. The report's effects (GAR keeps passes minimal, binary rewards let needless edits grow, a
+trainable router drifts) need an RL loop of hundreds of group rollouts; the sandboxed code tasks of
+:mod:`mimo_kit.envs` cost a subprocess per step. Here the "repository" is one tiny program and the world checks it
+in Python, deterministically, in microseconds, so the whole SFT → RL pipeline runs on two cores.
+
+**Programs.** ``n_lines`` lines over an accumulator, each ``<op><digit>`` with op ∈ {+, −, ×}: ``+3*2-1`` maps
+x ↦ (x + 3)·2 − 1. A task is the reference program with **one line corrupted** (a different digit or op, chosen
+so the function changes on the test inputs 0..9).
+
+**Actions** (one per turn, newline-terminated, char-level tokens; the compact action format):
+
+| action | effect | tool output |
+|---|---|---|
+| ``R`` | run the tests | ``ok``, or ``k:<line>``: the first failing line and what the test expects there |
+| ``E<k><op><d>`` | edit line k | ``done`` (``err`` if malformed) |
+| ``A<op><d>`` | append a line | ``done`` |
+| ``S`` | submit; the episode ends | (none) |
+
+Anything else is a format error (``err``), the penalty module's "unknown tool". Pass = submitted and the program
+computes the reference function on inputs 0..9 (semantic check, so ``A+0`` appended still passes).
+
+**The scripted expert** writes the SFT warm-start data in three styles (``expert_mix``):
+
+- *clean*: ``R``, ``E<k><fix>``, ``S`` — minimal and one-shot;
+- *needless*: ``R``, ``E<k><fix>``, ``A+0``, ``R``, ``S`` — passes with a needless extra line (the toy's
+  "speculative fallback branch") and a re-run; with probability ``retry_prob`` its first edit is wrong and the
+  re-run lets it repair the edit;
+- *wrong*: ``R``, ``E<k><wrong>``, ``S`` — fails.
+
+Why this shape. Under a binary reward the needless style is *slightly favoured by chance*: it checks and can
+retry, so a policy that samples a wrong digit recovers more often in that style (more actions, more chances), and
+its needless ``A`` line costs nothing. The rule-based group grader (:class:`~mimo_kit.grading.RuleGroupGrader`)
+sees the diff of ``prog.txt`` and ranks the minimal pass above the one with an extra line (minimality axis), so
+GAR moves positive advantage to clean passes: the report's GAR ablation in miniature (Report §4.3.2).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import random
+from typing import Any
+
+from mimo_kit.grading.group import GroupWorkspace, Rollout, RuleGroupGrader
+from mimo_kit.rl.trajectory import Context, Sample, Segment, Sequence
+
+PAD = "\x00"
+CHARS = PAD + "\n0123456789+-*:RESAfixokdner "
+OPS = "+-*"
+TEST_INPUTS = range(10)
+
+
+class ToyTokenizer:
+    """Char-level tokenizer of the toy world: id 0 is padding, ``\\n`` ends every action (the stop token)."""
+
+    def __init__(self) -> None:
+        self.vocab = {c: i for i, c in enumerate(CHARS)}
+        self.vocab_size = len(CHARS)
+        self.pad_id, self.stop_id = 0, self.vocab["\n"]
+
+    def encode(self, text: str) -> list[int]:
+        bad = sorted({c for c in text if c not in self.vocab or c == PAD})
+        if bad:
+            raise ValueError(f"ToyTokenizer.encode: characters {bad!r} are not in the toy vocabulary {CHARS[1:]!r}")
+        return [self.vocab[c] for c in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(CHARS[i] if 0 < i < len(CHARS) else "?" for i in ids)
+
+
+TOKENIZER = ToyTokenizer()
+
+
+# ---- programs and tasks -----------------------------------------------------------------------------------------
+def run_program(lines: list[str], x: int) -> int:
+    """Apply each ``<op><digit>`` line to the accumulator: ``run_program(["+3", "*2"], 1) == 8``."""
+    for ln in lines:
+        op, d = ln[0], int(ln[1])
+        x = x + d if op == "+" else x - d if op == "-" else x * d
+    return x
+
+
+def equivalent(a: list[str], b: list[str]) -> bool:
+    return all(run_program(a, x) == run_program(b, x) for x in TEST_INPUTS)
+
+
+@dataclasses.dataclass
+class Task:
+    task_id: str
+    reference: list[str]  # the correct program
+    buggy: list[str]  # one line corrupted
+    bug_line: int  # 1-based
+
+    @property
+    def prompt(self) -> str:
+        return "fix " + "".join(self.buggy) + "\n"
+
+
+def make_tasks(n: int, seed: int, n_lines: int = 3, prefix: str = "t") -> list[Task]:
+    """``n`` tasks with one semantically visible bug each, deterministic in ``seed``."""
+    if n < 0 or not 1 <= n_lines <= 9:
+        raise ValueError(f"make_tasks: n={n} (>= 0), n_lines={n_lines} (1..9) expected")
+    rng = random.Random(seed)
+    tasks: list[Task] = []
+    while len(tasks) < n:
+        ref = [rng.choice(OPS) + str(rng.randint(1, 9)) for _ in range(n_lines)]
+        k = rng.randrange(n_lines)
+        bad = ref[k]
+        while bad == ref[k]:
+            bad = (rng.choice(OPS) + ref[k][1]) if rng.random() < 0.5 else ref[k][0] + str(rng.randint(1, 9))
+        buggy = ref[:k] + [bad] + ref[k + 1:]
+        if not equivalent(ref, buggy):
+            tasks.append(Task(f"{prefix}{seed}-{len(tasks)}", ref, buggy, k + 1))
+    return tasks
+
+
+# ---- the environment ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Episode:
+    """One agent-loop run on a task: the program as edited so far and the action log."""
+
+    task: Task
+    program: list[str] = dataclasses.field(default_factory=list)
+    actions: list[str] = dataclasses.field(default_factory=list)
+    submitted: bool = False
+    format_errors: int = 0
+
+    def __post_init__(self) -> None:
+        self.program = list(self.task.buggy)
+
+    def step(self, action: str) -> str:
+        """Apply one action (without its newline); return the tool output (with its newline, '' after ``S``)."""
+        self.actions.append(action)
+        a = action
+        if a == "S":
+            self.submitted = True
+            return ""
+        if a == "R":
+            if equivalent(self.program, self.task.reference):
+                return "ok\n"
+            for k, (got, want) in enumerate(zip(self.program, self.task.reference)):
+                if got != want:
+                    return f"{k + 1}:{want}\n"
+            return "no\n"
+        if len(a) == 4 and a[0] == "E" and a[1].isdigit() and a[2] in OPS and a[3].isdigit():
+            k = int(a[1])
+            if 1 <= k <= len(self.program):
+                self.program[k - 1] = a[2:]
+                return "done\n"
+        if len(a) == 3 and a[0] == "A" and a[1] in OPS and a[2].isdigit() and len(self.program) < 9:
+            self.program.append(a[1:])
+            return "done\n"
+        self.format_errors += 1
+        return "err\n"
+
+    @property
+    def passed(self) -> bool:
+        return self.submitted and equivalent(self.program, self.task.reference)
+
+    @property
+    def needless_edits(self) -> int:
+        """Edited or added lines beyond the one bug line (what a minimal fix would not touch)."""
+        changed = {i for i, (a, b) in enumerate(zip(self.program, self.task.buggy)) if a != b}
+        return len(changed - {self.task.bug_line - 1}) + max(0, len(self.program) - len(self.task.buggy))
+
+    def diff(self) -> str:
+        """Unified diff of ``prog.txt`` (one line per program line), as the group grader reads patches."""
+        body = difflib.unified_diff([ln + "\n" for ln in self.task.buggy], [ln + "\n" for ln in self.program],
+                                    "a/prog.txt", "b/prog.txt", n=0)
+        text = "".join(body)
+        return f"diff --git a/prog.txt b/prog.txt\n{text}" if text else ""
+
+
+# ---- the scripted expert ------------------------------------------------------------------------------------------
+def expert_actions(task: Task, style: str, rng: random.Random, retry_prob: float = 0.3) -> list[str]:
+    """The expert's actions in ``style`` ∈ {clean, needless, wrong} (see the module docstring)."""
+    k, fix = task.bug_line, task.reference[task.bug_line - 1]
+    wrong = fix
+    while wrong == fix:
+        wrong = fix[0] + str(rng.randint(1, 9))
+    if style == "clean":
+        return ["R", f"E{k}{fix}", "S"]
+    if style == "needless":
+        extra = rng.choice(["A+0", "A-0", "A*1"])
+        if rng.random() < retry_prob:
+            return ["R", f"E{k}{wrong}", extra, "R", f"E{k}{fix}", "R", "S"]
+        return ["R", f"E{k}{fix}", extra, "R", "S"]
+    if style == "wrong":
+        return ["R", f"E{k}{wrong}", "S"]
+    raise ValueError(f"expert_actions: style={style!r}; expected clean, needless or wrong")
+
+
+def expert_dataset(tasks: list[Task], seed: int, mix: tuple[float, float, float] = (0.5, 0.25, 0.25),
+                   retry_prob: float = 0.3) -> list[tuple[list[int], list[bool], dict[str, Any]]]:
+    """SFT examples: (token ids, loss mask over assistant tokens, info) per task, style drawn from ``mix``."""
+    rng = random.Random(seed)
+    out = []
+    for t in tasks:
+        style = rng.choices(("clean", "needless", "wrong"), weights=mix)[0]
+        ep = Episode(t)
+        ids, mask = TOKENIZER.encode(t.prompt), [False] * len(t.prompt)
+        for a in expert_actions(t, style, rng, retry_prob):
+            a_ids = TOKENIZER.encode(a + "\n")
+            ids += a_ids
+            mask += [True] * len(a_ids)
+            obs = TOKENIZER.encode(ep.step(a))
+            ids += obs
+            mask += [False] * len(obs)
+        out.append((ids, mask, {"style": style, "passed": ep.passed, "needless": ep.needless_edits}))
+    return out
+
+
+# ---- playing episodes through a rollout engine (token-in/token-out) ------------------------------------------------
+def play(engine: Any, tasks: list[Task], group_size: int, *, temperature: float = 1.0, max_turns: int = 8,
+         max_action_tokens: int = 5, return_routed_experts: bool = False, id_prefix: str = "") -> list[Sample]:
+    """Run ``group_size`` episodes per task through ``engine``; one :class:`Sample` per task.
+
+    Every context keeps the engine's exact token ids and logprobs (never re-tokenised), the policy version of each
+    generated token, and the episode's outcome in ``Sequence.metadata``.
+    """
+    from mimo_kit.infra.engine import GenerationRequest
+
+    tok = TOKENIZER
+    eps = [(g, i, Episode(t)) for g, t in enumerate(tasks) for i in range(group_size)]
+    segs: list[list[Segment]] = [[Segment("user", tok.encode(t.prompt), text=t.prompt)]
+                                 for t in tasks for _ in range(group_size)]
+    finish = ["length"] * len(eps)
+    for _turn in range(max_turns):
+        live = [j for j, (_, _, ep) in enumerate(eps) if not ep.submitted and finish[j] == "length"]
+        if not live:
+            break
+        reqs = [GenerationRequest(f"{id_prefix}{j}", [t for s in segs[j] for t in s.token_ids], max_action_tokens,
+                                  temperature=temperature, stop_token_ids=(tok.stop_id,),
+                                  return_routed_experts=return_routed_experts) for j in live]
+        for j, out in zip(live, engine.generate(reqs)):
+            n_ctx = sum(len(s) for s in segs[j])
+            routed = out.routed_experts[n_ctx:] if out.routed_experts is not None else None
+            segs[j].append(Segment("assistant", list(out.token_ids), logprobs=list(out.logprobs),
+                                   policy_versions=[out.policy_version] * len(out.token_ids), routed_experts=routed,
+                                   text=tok.decode(out.token_ids)))
+            ep = eps[j][2]
+            if out.finish_reason != "stop":  # no newline within the action budget: a malformed action
+                ep.step(tok.decode(out.token_ids))
+                obs = "err\n"
+            else:
+                obs = ep.step(tok.decode(out.token_ids[:-1]))
+            if ep.submitted:
+                finish[j] = "stop"
+            elif obs:
+                segs[j].append(Segment("tool", tok.encode(obs), text=obs))
+    samples = []
+    for g, t in enumerate(tasks):
+        seqs = []
+        for i in range(group_size):
+            j = g * group_size + i
+            ep = eps[j][2]
+            seqs.append(Sequence([Context(segs[j])], f"{t.task_id}/{i}", reward=float(ep.passed), passed=ep.passed,
+                                 finish_reason=finish[j],
+                                 metadata={"actions": ep.actions, "needless_edits": ep.needless_edits,
+                                           "turns": len(ep.actions), "format_errors": ep.format_errors,
+                                           "diff": ep.diff()}))
+        samples.append(Sample(t.task_id, seqs, domain="toy-code", metadata={"task": dataclasses.asdict(t)}))
+    return samples
+
+
+def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
+    """The rule-based group grader's verdict on one group (Report §4.3): passes ranked on the five axes."""
+    grader = grader or RuleGroupGrader()
+    t = sample.metadata["task"]
+    ws = GroupWorkspace(spec="fix the failing line of prog.txt", repo={"prog.txt": "\n".join(t["buggy"]) + "\n"},
+                        rollouts=[Rollout(s.sequence_id, s.metadata["diff"], bool(s.passed),
+                                          list(s.metadata["actions"])) for s in sample.sequences])
+    return grader.grade(ws)
