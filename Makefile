@@ -34,6 +34,8 @@ notebooks: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decoder.py
+	$(BIN)/python benchmarks/bench_optim.py
+	$(BIN)/python benchmarks/bench_grading.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
