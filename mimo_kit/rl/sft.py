@@ -1,0 +1,99 @@
+"""The toy policy and its SFT warm start on the scripted expert's trajectories (Report §5: RL starts from SFT).
+
+The policy is the kit decoder (:class:`~mimo_kit.model.MiMoForCausalLM`) sized for two CPU cores: char-level
+vocabulary of the toy world, a dense first layer and MoE layers after it (Report §2), so router drift and expert
+load can be watched during RL. SFT is next-token cross-entropy on the expert's action tokens only (prompts and
+tool outputs are context, not targets), AdamW, gradient clip 1.0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+import torch.nn.functional as F
+
+from mimo_kit.config.base import Config, knob
+from mimo_kit.model import MiMoConfig, MiMoForCausalLM
+from mimo_kit.rl.world import TOKENIZER, expert_dataset, make_tasks
+
+
+@dataclasses.dataclass
+class PolicyConfig(Config):
+    """The toy policy's shape (the kit decoder at toy scale)."""
+
+    hidden_size: int = knob(64, "wide enough to copy a line from a tool output, small enough for 2 cores", min=8)
+    num_hidden_layers: int = knob(3, "a dense GA layer, then SWA and GA MoE layers (Report §2 pattern)", min=2)
+    n_routed_experts: int = knob(8, "8 experts: load CV and cold share are readable", min=2)
+    num_experts_per_tok: int = knob(2, "top-2 routing", min=1)
+    sliding_window: int = knob(16, "an SWA layer sees the last 16 chars: about one turn", min=2)
+
+    PRESETS = {"tiny": {}, "small": {"hidden_size": 128, "num_hidden_layers": 4}}
+
+    def model_config(self) -> MiMoConfig:
+        n = self.num_hidden_layers
+        return MiMoConfig.preset("tiny", vocab_size=TOKENIZER.vocab_size, hidden_size=self.hidden_size,
+                                 num_hidden_layers=n, global_layers=(0, n - 1), dense_layers=(0,),
+                                 num_attention_heads=4, head_dim=16, v_head_dim=16,
+                                 intermediate_size=2 * self.hidden_size, moe_intermediate_size=self.hidden_size // 2,
+                                 n_routed_experts=self.n_routed_experts, num_experts_per_tok=self.num_experts_per_tok,
+                                 sliding_window=self.sliding_window, max_position_embeddings=512)
+
+
+@dataclasses.dataclass
+class SFTConfig(Config):
+    """SFT warm start on the scripted expert (``mix`` = clean / needless / wrong shares)."""
+
+    tasks: int = knob(3000, "distinct training tasks for SFT; the RL pool and held-out set are disjoint seeds", min=1)
+    steps: int = knob(400, "enough for the copy skill to appear on 2 cores in about a minute", min=0)
+    batch_size: int = knob(32, "sequences per SFT step", min=1)
+    lr: float = knob(3e-3, "AdamW at a toy scale learns fast without diverging", min=0.0)
+    mix: tuple[float, float, float] = knob((0.5, 0.25, 0.25), "half clean, a quarter needless, a quarter wrong: "
+                                           "SFT starts well below 100% so RL has room")
+    retry_prob: float = knob(0.3, "share of needless trajectories that repair a wrong first edit", min=0.0, max=1.0)
+
+    PRESETS = {"tiny": {}, "small": {"steps": 1200}}
+
+
+def build_policy(cfg: PolicyConfig, seed: int) -> MiMoForCausalLM:
+    torch.manual_seed(seed)
+    return MiMoForCausalLM(cfg.model_config())
+
+
+def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest row: ids [B, T] (pad 0) and loss mask [B, T]."""
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, (r, m) in enumerate(zip(rows, masks)):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(m)] = torch.tensor(m)
+    return ids, mask
+
+
+def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False) -> list[float]:
+    """Train ``model`` in place on expert trajectories; returns the loss per step."""
+    data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    rng = random.Random(seed)
+    losses = []
+    steps = range(cfg.steps)
+    if progress:
+        from tqdm.auto import tqdm
+
+        steps = tqdm(steps, desc="SFT", leave=False)
+    model.train()
+    for _ in steps:
+        batch = rng.sample(data, min(cfg.batch_size, len(data)))
+        ids, mask = pad_batch([b[0] for b in batch], [b[1] for b in batch])
+        logits = model(ids[:, :-1]).logits  # [B, T-1, V]
+        m = mask[:, 1:]
+        loss = F.cross_entropy(logits[m], ids[:, 1:][m])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
