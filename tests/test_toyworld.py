@@ -87,7 +87,7 @@ class ScriptedEngine:
     def generate(self, requests):
         outs = []
         for r in requests:
-            j = int(r.request_id)
+            j = int(r.request_id.rsplit("/", 1)[1])
             k = self.turn.get(j, 0)
             self.turn[j] = k + 1
             ids = TOKENIZER.encode(self.scripts[j][k] + "\n")

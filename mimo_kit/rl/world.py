@@ -213,56 +213,105 @@ def expert_dataset(tasks: list[Task], seed: int, mix: tuple[float, float, float]
 
 
 # ---- playing episodes through a rollout engine (token-in/token-out) ------------------------------------------------
-def play(engine: Any, tasks: list[Task], group_size: int, *, temperature: float = 1.0, max_turns: int = 8,
-         max_action_tokens: int = 5, return_routed_experts: bool = False, id_prefix: str = "") -> list[Sample]:
-    """Run ``group_size`` episodes per task through ``engine``; one :class:`Sample` per task.
+@dataclasses.dataclass
+class Slot:
+    """One episode in flight: its world state, its token segments and how it ended ("" while running)."""
 
-    Every context keeps the engine's exact token ids and logprobs (never re-tokenised), the policy version of each
-    generated token, and the episode's outcome in ``Sequence.metadata``.
+    task: Task
+    index: int  # rollout index within the group
+    episode: Episode
+    segments: list[Segment]
+    finish: str = ""
+
+    @classmethod
+    def start(cls, task: Task, index: int) -> Slot:
+        return cls(task, index, Episode(task), [Segment("user", TOKENIZER.encode(task.prompt), text=task.prompt)])
+
+    @property
+    def live(self) -> bool:
+        return not self.finish
+
+    def token_ids(self) -> list[int]:
+        return [t for s in self.segments for t in s.token_ids]
+
+    def oldest_version(self) -> int | None:
+        versions = [v for s in self.segments if s.policy_versions for v in s.policy_versions]
+        return min(versions) if versions else None
+
+    def to_sequence(self) -> Sequence:
+        ep = self.episode
+        return Sequence([Context(list(self.segments))], f"{self.task.task_id}/{self.index}", reward=float(ep.passed),
+                        passed=ep.passed, finish_reason=self.finish or "length",
+                        metadata={"actions": list(ep.actions), "needless_edits": ep.needless_edits,
+                                  "turns": len(ep.actions), "format_errors": ep.format_errors, "diff": ep.diff()})
+
+
+def advance(engine: Any, slots: list[Slot], *, temperature: float = 1.0, max_turns: int = 8,
+            max_action_tokens: int = 5, return_routed_experts: bool = False) -> int:
+    """One turn for every live slot: one batched ``engine.generate``, the actions applied, tool outputs appended.
+
+    Returns the number of slots advanced. A slot ends with ``"stop"`` at submit, ``"length"`` at ``max_turns``.
     """
     from mimo_kit.infra.engine import GenerationRequest
 
     tok = TOKENIZER
-    eps = [(g, i, Episode(t)) for g, t in enumerate(tasks) for i in range(group_size)]
-    segs: list[list[Segment]] = [[Segment("user", tok.encode(t.prompt), text=t.prompt)]
-                                 for t in tasks for _ in range(group_size)]
-    finish = ["length"] * len(eps)
-    for _turn in range(max_turns):
-        live = [j for j, (_, _, ep) in enumerate(eps) if not ep.submitted and finish[j] == "length"]
-        if not live:
-            break
-        reqs = [GenerationRequest(f"{id_prefix}{j}", [t for s in segs[j] for t in s.token_ids], max_action_tokens,
-                                  temperature=temperature, stop_token_ids=(tok.stop_id,),
-                                  return_routed_experts=return_routed_experts) for j in live]
-        for j, out in zip(live, engine.generate(reqs)):
-            n_ctx = sum(len(s) for s in segs[j])
-            routed = out.routed_experts[n_ctx:] if out.routed_experts is not None else None
-            segs[j].append(Segment("assistant", list(out.token_ids), logprobs=list(out.logprobs),
-                                   policy_versions=[out.policy_version] * len(out.token_ids), routed_experts=routed,
-                                   text=tok.decode(out.token_ids)))
-            ep = eps[j][2]
-            if out.finish_reason != "stop":  # no newline within the action budget: a malformed action
-                ep.step(tok.decode(out.token_ids))
-                obs = "err\n"
-            else:
-                obs = ep.step(tok.decode(out.token_ids[:-1]))
-            if ep.submitted:
-                finish[j] = "stop"
-            elif obs:
-                segs[j].append(Segment("tool", tok.encode(obs), text=obs))
-    samples = []
-    for g, t in enumerate(tasks):
-        seqs = []
-        for i in range(group_size):
-            j = g * group_size + i
-            ep = eps[j][2]
-            seqs.append(Sequence([Context(segs[j])], f"{t.task_id}/{i}", reward=float(ep.passed), passed=ep.passed,
-                                 finish_reason=finish[j],
-                                 metadata={"actions": ep.actions, "needless_edits": ep.needless_edits,
-                                           "turns": len(ep.actions), "format_errors": ep.format_errors,
-                                           "diff": ep.diff()}))
-        samples.append(Sample(t.task_id, seqs, domain="toy-code", metadata={"task": dataclasses.asdict(t)}))
-    return samples
+    live = [s for s in slots if s.live]
+    if not live:
+        return 0
+    reqs = [GenerationRequest(f"{s.task.task_id}/{s.index}", s.token_ids(), max_action_tokens, temperature=temperature,
+                              stop_token_ids=(tok.stop_id,), return_routed_experts=return_routed_experts)
+            for s in live]
+    for s, out in zip(live, engine.generate(reqs)):
+        n_ctx = sum(len(seg) for seg in s.segments)
+        routed = out.routed_experts[n_ctx:] if out.routed_experts is not None else None
+        if out.routed_experts is not None:  # the re-prefill routed the context too: fill segments that lack it
+            for seg, a in zip(s.segments, _offsets(s.segments)):
+                if seg.routed_experts is None:
+                    seg.routed_experts = out.routed_experts[a:a + len(seg)]
+        s.segments.append(Segment("assistant", list(out.token_ids), logprobs=list(out.logprobs),
+                                  policy_versions=[out.policy_version] * len(out.token_ids), routed_experts=routed,
+                                  text=tok.decode(out.token_ids)))
+        ep = s.episode
+        if out.finish_reason != "stop":  # no newline within the action budget: a malformed action
+            ep.step(tok.decode(out.token_ids))
+            obs = "err\n"
+        else:
+            obs = ep.step(tok.decode(out.token_ids[:-1]))
+        if ep.submitted:
+            s.finish = "stop"
+        elif len(ep.actions) >= max_turns:
+            s.finish = "length"
+        elif obs:
+            s.segments.append(Segment("tool", tok.encode(obs), text=obs))
+    return len(live)
+
+
+def _offsets(segments: list[Segment]) -> list[int]:
+    out, a = [], 0
+    for seg in segments:
+        out.append(a)
+        a += len(seg)
+    return out
+
+
+def group_sample(task: Task, slots: list[Slot]) -> Sample:
+    return Sample(task.task_id, [s.to_sequence() for s in sorted(slots, key=lambda s: s.index)], domain="toy-code",
+                  metadata={"task": dataclasses.asdict(task)})
+
+
+def play(engine: Any, tasks: list[Task], group_size: int, *, temperature: float = 1.0, max_turns: int = 8,
+         max_action_tokens: int = 5, return_routed_experts: bool = False) -> list[Sample]:
+    """Run ``group_size`` episodes per task through ``engine`` to the end; one :class:`Sample` per task.
+
+    Every context keeps the engine's exact token ids and logprobs (never re-tokenised), the policy version of each
+    generated token, and the episode's outcome in ``Sequence.metadata``.
+    """
+    groups = [[Slot.start(t, i) for i in range(group_size)] for t in tasks]
+    flat = [s for g in groups for s in g]
+    while advance(engine, flat, temperature=temperature, max_turns=max_turns, max_action_tokens=max_action_tokens,
+                  return_routed_experts=return_routed_experts):
+        pass
+    return [group_sample(t, g) for t, g in zip(tasks, groups)]
 
 
 def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
