@@ -32,6 +32,7 @@ import json
 import os
 import random
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import torch
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.engine import InProcessEngine
+from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
 from mimo_kit.rl.advantages import gar_advantages, grpo_advantages
 from mimo_kit.rl.aggregation import aggregate_loss
 from mimo_kit.rl.config import ClipConfig
@@ -80,6 +82,7 @@ class RLConfig(Config):
     r3: bool = knob(False, "replay the experts chosen at rollout in the training forward (Report §6.1)")
     staleness: int = knob(0, "0 = synchronous; S > 0 = asynchronous partial rollouts, expire after S versions",
                           min=0)
+    in_flight: int = knob(0, "groups kept in flight by partial rollouts; 0 = twice the batch's prompts", min=0)
     eval_tasks: int = knob(128, "held-out tasks (disjoint seed) for pass@1 before and after RL", min=0)
     eval_samples: int = knob(2, "samples per held-out task: pass@1 averaged over them", min=1)
     checkpoint_every: int = knob(5, "steps between checkpoints (exact resume)", min=0)
@@ -92,6 +95,8 @@ class RLConfig(Config):
     def check(self) -> None:
         if self.advantage not in ("grpo", "gar"):
             raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo' or 'gar'")
+        if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:
+            raise ConfigError(f"RLConfig.in_flight={self.in_flight} < prompts={self.prompts}: a batch cannot fill")
         if self.loss_agg not in ("token-mean", "seq-mean", "prompt-mean"):
             raise ConfigError(f"RLConfig.loss_agg={self.loss_agg!r}; expected token-mean, seq-mean or prompt-mean")
 
@@ -243,10 +248,6 @@ def warm_start(cfg: RLConfig, out: Path):
 
 def run_rl(cfg: RLConfig) -> dict:
     """SFT warm start, then ``cfg.steps`` RL steps; resumes from ``out_dir/checkpoint.pt`` when present."""
-    if cfg.staleness > 0:
-        from mimo_kit.infra.partial import run_rl_async
-
-        return run_rl_async(cfg)
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
@@ -258,6 +259,8 @@ def run_rl(cfg: RLConfig) -> dict:
         controller = EntropyClipController.from_config(cfg.clip)
         rng = random.Random(cfg.seed)
         pool = make_tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
+        buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
+                  if cfg.staleness > 0 else None)
         start, sft_eval = 0, None
         ckpt = out / "checkpoint.pt"
         metrics_path = out / "metrics.jsonl"
@@ -270,6 +273,7 @@ def run_rl(cfg: RLConfig) -> dict:
             rng.setstate(c["rng"])
             controller.eps_high = c["eps_high"]
             start, sft_eval, init_router = c["step"], c["sft_eval"], c["init_router"]
+            buffer = c["buffer"]
             lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
             metrics_path.write_text("".join(line + "\n" for line in lines))
         else:
@@ -280,18 +284,27 @@ def run_rl(cfg: RLConfig) -> dict:
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc=f"RL {cfg.advantage}", initial=start, total=cfg.steps, leave=False)
+        play_kw = dict(temperature=cfg.temperature, max_turns=cfg.max_turns, return_routed_experts=cfg.r3)
         for step in steps:
-            tasks = rng.sample(pool, cfg.prompts)
-            samples = play(engine, tasks, cfg.group_size, temperature=cfg.temperature, max_turns=cfg.max_turns,
-                           return_routed_experts=cfg.r3)
-            row = {"step": step + 1, **rollout_metrics(samples), **train_step(model, opt, samples, cfg, controller)}
+            t0 = time.perf_counter()
+            if buffer is None:  # synchronous: fresh groups, wait for the slowest episode
+                samples = play(engine, rng.sample(pool, cfg.prompts), cfg.group_size, **play_kw)
+            else:
+                samples = buffer.collect(engine, cfg.prompts, drawer(pool, rng), **play_kw)
+            t1 = time.perf_counter()
+            row = {"step": step + 1, **rollout_metrics(samples), **version_lag(samples, engine.policy_version),
+                   **train_step(model, opt, samples, cfg, controller)}
+            n_seq, dt = sum(len(s.sequences) for s in samples), time.perf_counter() - t0
+            # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
+            row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt, expired=buffer.expired if buffer else 0)
             engine.update_weights(model.state_dict(), step + 1)
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 _save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
                              "engine_rng": engine.rng_state(), "rng": rng.getstate(), "eps_high": controller.eps_high,
-                             "sft_eval": sft_eval, "init_router": init_router})
+                             "sft_eval": sft_eval, "init_router": init_router,
+                             "buffer": buffer})
         final_eval = evaluate(engine, cfg)
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
