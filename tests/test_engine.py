@@ -14,6 +14,15 @@ from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 
 V = 40
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 
 def kit_model(seed=0):
     torch.manual_seed(seed)

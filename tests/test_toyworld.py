@@ -3,6 +3,7 @@
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +21,16 @@ from mimo_kit.rl.world import (
     play,
     run_program,
 )
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
 
 
 def test_program_semantics_and_tokenizer():
