@@ -105,6 +105,8 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file):
     done = len(metrics.read_text().splitlines())
     assert 3 <= done < 6
     resumed = run_rl(tiny(run_dir, sft_file, steps=6))
+    with pytest.raises(ConfigError, match="different lr"):
+        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3))
     clock = ("rollout_s", "step_s", "samples_per_s")
     strip = lambda hist: [{k: v for k, v in h.items() if k not in clock} for h in hist]  # noqa: E731
     assert strip(resumed["history"]) == strip(ref["history"])

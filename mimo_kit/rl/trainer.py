@@ -246,6 +246,20 @@ def warm_start(cfg: RLConfig, out: Path):
     return model, losses
 
 
+#: fields a resumed run may change: they do not alter what the first steps computed
+RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads")
+
+
+def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
+    """A checkpoint resumes only the run that wrote it; any other changed field raises, naming it."""
+    now = cfg.to_dict()
+    diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE and saved.get(k) != now.get(k))
+    if diff:
+        raise ConfigError(f"{path} was written by a run with different {', '.join(diff)} "
+                          f"(saved {[saved.get(k) for k in diff]!r}, now {[now.get(k) for k in diff]!r}); "
+                          "use another out_dir or delete the checkpoint to start afresh")
+
+
 def run_rl(cfg: RLConfig) -> dict:
     """SFT warm start, then ``cfg.steps`` RL steps; resumes from ``out_dir/checkpoint.pt`` when present."""
     out = Path(cfg.out_dir)
@@ -266,6 +280,7 @@ def run_rl(cfg: RLConfig) -> dict:
         metrics_path = out / "metrics.jsonl"
         if ckpt.exists():
             c = torch.load(ckpt, weights_only=False)
+            _same_run(c.get("config", {}), cfg, ckpt)
             model.load_state_dict(c["model"])
             opt.load_state_dict(c["opt"])
             engine.update_weights(c["model"], c["step"])
@@ -304,7 +319,7 @@ def run_rl(cfg: RLConfig) -> dict:
                 _save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
                              "engine_rng": engine.rng_state(), "rng": rng.getstate(), "eps_high": controller.eps_high,
                              "sft_eval": sft_eval, "init_router": init_router,
-                             "buffer": buffer})
+                             "buffer": buffer, "config": cfg.to_dict()})
         final_eval = evaluate(engine, cfg)
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
