@@ -83,6 +83,15 @@ def test_partial_rollouts_respect_the_staleness_bound(tmp_path, sft_file):
     assert all(h["lag_max"] == 0 for h in sync["history"])
 
 
+def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
+    """MXFP4 experts in the engine open a train–inference gap; training through QDQ'd experts closes it (§6.1)."""
+    gap = run_rl(tiny(tmp_path / "gap", sft_file, steps=2, rollout_mxfp4=True))
+    closed = run_rl(tiny(tmp_path / "qdq", sft_file, steps=2, rollout_mxfp4=True, qdq_experts=True))
+    g = [h["mismatch_abs_dlogp"] for h in gap["history"] if h["trained_tokens"]]
+    c = [h["mismatch_abs_dlogp"] for h in closed["history"] if h["trained_tokens"]]
+    assert g and c and min(g) > 1e-3 and max(c) < 1e-4, (g, c)
+
+
 @pytest.mark.slow
 def test_exact_resume_after_sigkill(tmp_path, sft_file):
     """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line."""

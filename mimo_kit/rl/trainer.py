@@ -41,6 +41,7 @@ import torch
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
+from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
 from mimo_kit.rl.advantages import gar_advantages, grpo_advantages
 from mimo_kit.rl.aggregation import aggregate_loss
 from mimo_kit.rl.config import ClipConfig
@@ -80,6 +81,8 @@ class RLConfig(Config):
     entropy_adaptive: bool = knob(True, "Report §5: clip range adjusted with policy entropy")
     tis: bool = knob(False, "truncated IS against the rollout logprobs; off: π_old = π_rollout (one epoch)")
     r3: bool = knob(False, "replay the experts chosen at rollout in the training forward (Report §6.1)")
+    rollout_mxfp4: bool = knob(False, "the engine serves MXFP4 experts, as the report's rollouts do (Report §6)")
+    qdq_experts: bool = knob(False, "train through QDQ'd experts so training matches MXFP4 rollouts (Report §6.1)")
     staleness: int = knob(0, "0 = synchronous; S > 0 = asynchronous partial rollouts, expire after S versions",
                           min=0)
     in_flight: int = knob(0, "groups kept in flight by partial rollouts; 0 = twice the batch's prompts", min=0)
@@ -170,9 +173,16 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
     adv = torch.tensor([a for g in kept for a in advs[g]])  # [rows]: one context per sequence
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
     rollout_lp = batch.logprobs[:, 1:].float()
-    routing = replay_indices(model, batch) if cfg.r3 else None
-    model.train()
-    logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing)
+    qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
+    with qdq:
+        routing = replay_indices(model, batch) if cfg.r3 else None
+        model.train()
+        logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing)
+        return _finish_step(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out)
+
+
+def _finish_step(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out) -> dict:
+    """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step."""
     old, weight = rollout_lp, torch.ones_like(rollout_lp)
     if cfg.tis:
         old = logp.detach()
@@ -231,6 +241,13 @@ def _save(path: Path, obj: dict) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint intact
 
 
+def sync_weights(engine: InProcessEngine, model, version: int, cfg: RLConfig) -> None:
+    """Weights to the engine; with ``rollout_mxfp4`` the engine's experts become their MXFP4 QDQ (Report §6)."""
+    engine.update_weights(model.state_dict(), version)
+    if cfg.rollout_mxfp4:
+        quantize_experts_(engine.model)
+
+
 def warm_start(cfg: RLConfig, out: Path):
     """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved."""
     model = build_policy(cfg.policy, cfg.seed)
@@ -270,6 +287,7 @@ def run_rl(cfg: RLConfig) -> dict:
         init_router = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("gate.weight")}
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
         engine = InProcessEngine(model, seed=cfg.seed)
+        sync_weights(engine, model, 0, cfg)
         controller = EntropyClipController.from_config(cfg.clip)
         rng = random.Random(cfg.seed)
         pool = make_tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
@@ -283,7 +301,7 @@ def run_rl(cfg: RLConfig) -> dict:
             _same_run(c.get("config", {}), cfg, ckpt)
             model.load_state_dict(c["model"])
             opt.load_state_dict(c["opt"])
-            engine.update_weights(c["model"], c["step"])
+            sync_weights(engine, model, c["step"], cfg)
             engine.set_rng_state(c["engine_rng"])
             rng.setstate(c["rng"])
             controller.eps_high = c["eps_high"]
@@ -312,7 +330,7 @@ def run_rl(cfg: RLConfig) -> dict:
             n_seq, dt = sum(len(s.sequences) for s in samples), time.perf_counter() - t0
             # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
             row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt, expired=buffer.expired if buffer else 0)
-            engine.update_weights(model.state_dict(), step + 1)
+            sync_weights(engine, model, step + 1, cfg)
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
