@@ -178,10 +178,10 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
         routing = replay_indices(model, batch) if cfg.r3 else None
         model.train()
         logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing)
-        return _finish_step(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out)
+        return ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out)
 
 
-def _finish_step(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out) -> dict:
+def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out) -> dict:
     """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step."""
     old, weight = rollout_lp, torch.ones_like(rollout_lp)
     if cfg.tis:
