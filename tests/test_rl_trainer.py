@@ -63,6 +63,30 @@ def test_router_frozen_by_default_and_trainable_when_asked(tmp_path, sft_file):
     assert any(not torch.equal(free["model"].state_dict()[k], v) for k, v in free["init_router"].items())
 
 
+def test_grs_length_and_segment_penalties_run(tmp_path, sft_file):
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, advantage="grs", length_penalty=True, segment_penalty=True,
+                    dynamic_sampling=False))
+    assert all(h["kept_fraction"] == 1.0 and h["trained_tokens"] > 0 for h in r["history"])
+
+
+def test_toy_rubric_and_rewards():
+    from mimo_kit.rl.trainer import sequence_rewards
+    from mimo_kit.rl.world import Slot, group_sample, make_tasks
+
+    t = make_tasks(1, 5)[0]
+    fix = f"E{t.bug_line}{t.reference[t.bug_line - 1]}"
+    slots = []
+    for i, actions in enumerate((["R", fix, "R", "S"], ["R", fix, "S"], ["R", fix, "A+0", "S"], ["S"])):
+        s = Slot.start(t, i)
+        for a in actions:
+            s.episode.step(a)
+        s.finish = "stop"
+        slots.append(s)
+    sample = group_sample(t, slots)
+    assert sequence_rewards(sample, RLConfig(advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
+    assert sequence_rewards(sample, RLConfig(advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
+
+
 def test_r3_and_gar_run(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=2, r3=True, advantage="gar"))
     assert all(h["gar_fallbacks"] == 0 for h in r["history"])

@@ -42,7 +42,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
-from mimo_kit.rl.advantages import gar_advantages, grpo_advantages
+from mimo_kit.rl.advantages import gar_advantages, grpo_advantages, grs_reward
 from mimo_kit.rl.aggregation import aggregate_loss
 from mimo_kit.rl.config import ClipConfig
 from mimo_kit.rl.losses import (
@@ -52,6 +52,7 @@ from mimo_kit.rl.losses import (
     token_entropy,
     truncated_is_weights,
 )
+from mimo_kit.rl.penalties import length_penalty, segment_advantages
 from mimo_kit.rl.sampling import dynamic_sampling
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
 from mimo_kit.rl.trajectory import Sample, flatten
@@ -74,7 +75,10 @@ class RLConfig(Config):
                      min=0.0)
     temperature: float = knob(1.0, "sample at T = 1 so rollout logprobs are the policy's own", min=0.0)
     max_turns: int = knob(8, "episode limit: the longest expert trajectory has 7 actions", min=1)
-    advantage: str = knob("grpo", "'grpo' (binary reward) or 'gar' (rule-based group grader, Report §4.3.2)")
+    advantage: str = knob("grpo", "'grpo' (binary reward), 'gar' (rule-based group grader, Report §4.3.2) or "
+                          "'grs' (R = R_test·S_sol·S_beh with the toy rubric, Report §4.3.1)")
+    length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
+    segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")
     dynamic_sampling: bool = knob(True, "Report §4.1: drop all-pass / all-fail groups")
     freeze_router: bool = knob(True, "Report §5.4: router frozen in RL (published)")
@@ -96,8 +100,8 @@ class RLConfig(Config):
     PRESETS = {"tiny": {}, "small": {"steps": 150, "prompts": 32, "eval_tasks": 256}}
 
     def check(self) -> None:
-        if self.advantage not in ("grpo", "gar"):
-            raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo' or 'gar'")
+        if self.advantage not in ("grpo", "gar", "grs"):
+            raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo', 'gar' or 'grs'")
         if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:
             raise ConfigError(f"RLConfig.in_flight={self.in_flight} < prompts={self.prompts}: a batch cannot fill")
         if self.loss_agg not in ("token-mean", "seq-mean", "prompt-mean"):
@@ -115,19 +119,40 @@ def torch_threads(n: int):
 
 
 # ---- advantages and the loss ----------------------------------------------------------------------------------
-def group_advantages(samples: list[Sample], mode: str) -> tuple[list[list[float]], list[dict]]:
-    """Per sample, per sequence advantage (GRPO, or GAR with the rule-based group grader) and a GAR log."""
-    advs, logs = [], []
+def toy_rubric(seq) -> tuple[float, float]:
+    """GRS rubric scores of one episode (the kit's toy rubric): S_sol = 1/(1 + needless edits), S_beh = 1 if it
+    ran the tests after its last edit, else 0.5."""
+    return 1.0 / (1 + seq.metadata["needless_edits"]), 1.0 if seq.metadata.get("verified") else 0.5
+
+
+def sequence_rewards(sample: Sample, cfg: RLConfig) -> list[float]:
+    """Rewards of one group: pass/fail, or GRS; plus the length penalty on long successes when switched on."""
+    passed = [bool(q.passed) for q in sample.sequences]
+    if cfg.advantage == "grs":
+        sol, beh = zip(*(toy_rubric(q) for q in sample.sequences))
+        r = grs_reward(passed, list(sol), list(beh))
+    else:
+        r = torch.tensor([float(q.reward) for q in sample.sequences])
+    if cfg.length_penalty:
+        lengths = [max(1, sum(len(seg) for seg in q.contexts[0].segments if seg.trainable)) for q in sample.sequences]
+        r = r + length_penalty(lengths, passed)
+    return r.tolist()
+
+
+def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[float]], list[list[float]], list[dict]]:
+    """Per sample: rewards and per-sequence advantages (GRPO on them, or GAR with the rule-based group grader)."""
+    rewards, advs, logs = [], [], []
     for s in samples:
-        rewards = [q.reward for q in s.sequences]
-        if mode == "gar":
+        r = sequence_rewards(s, cfg)
+        rewards.append(r)
+        if cfg.advantage == "gar":
             ids = [q.sequence_id for q in s.sequences]
-            res = gar_advantages(rewards, [bool(q.passed) for q in s.sequences], ids, grade_group(s))
+            res = gar_advantages(r, [bool(q.passed) for q in s.sequences], ids, grade_group(s))
             advs.append(res.advantages.tolist())
             logs.append({"fallback": res.fallback})
         else:
-            advs.append(grpo_advantages(rewards).tolist())
-    return advs, logs
+            advs.append(grpo_advantages(r).tolist())
+    return rewards, advs, logs
 
 
 def policy_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
@@ -156,8 +181,8 @@ def replay_indices(model: torch.nn.Module, batch) -> torch.Tensor:
 
 def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController) -> dict:
     """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics."""
-    advs, gar_logs = group_advantages(samples, cfg.advantage)
-    rewards = [q.reward for s in samples for q in s.sequences]
+    group_rewards, advs, gar_logs = group_advantages(samples, cfg)
+    rewards = [r for rs in group_rewards for r in rs]
     gids = [g for g, s in enumerate(samples) for _ in s.sequences]
     keep = (dynamic_sampling(rewards, gids) if cfg.dynamic_sampling else None)
     kept = [g for g in range(len(samples)) if keep is None or g in keep.keep_groups]
@@ -172,6 +197,9 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
     batch = flatten([samples[g] for g in kept])
     adv = torch.tensor([a for g in kept for a in advs[g]])  # [rows]: one context per sequence
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
+    if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
+        passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
+        adv = segment_advantages(adv, batch.error_mask, batch.loss_mask, passed)[:, 1:]  # [B, T−1]
     rollout_lp = batch.logprobs[:, 1:].float()
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
     with qdq:

@@ -160,6 +160,12 @@ class Episode:
         return self.submitted and equivalent(self.program, self.task.reference)
 
     @property
+    def verified(self) -> bool:
+        """Ran the tests after its last edit (the behaviour rubric of GRS: the agent checks its change)."""
+        edits = [i for i, a in enumerate(self.actions) if a[:1] in ("E", "A")]
+        return bool(edits) and "R" in self.actions[edits[-1] + 1:]
+
+    @property
     def needless_edits(self) -> int:
         """Edited or added lines beyond the one bug line (what a minimal fix would not touch)."""
         changed = {i for i, (a, b) in enumerate(zip(self.program, self.task.buggy)) if a != b}
@@ -243,6 +249,7 @@ class Slot:
         return Sequence([Context(list(self.segments))], f"{self.task.task_id}/{self.index}", reward=float(ep.passed),
                         passed=ep.passed, finish_reason=self.finish or "length",
                         metadata={"actions": list(ep.actions), "needless_edits": ep.needless_edits,
+                                  "verified": ep.verified,
                                   "turns": len(ep.actions), "format_errors": ep.format_errors, "diff": ep.diff()})
 
 
@@ -277,6 +284,8 @@ def advance(engine: Any, slots: list[Slot], *, temperature: float = 1.0, max_tur
             obs = "err\n"
         else:
             obs = ep.step(tok.decode(out.token_ids[:-1]))
+        if obs == "err\n":  # the penalty module's "malformed action": the whole action segment is an error span
+            s.segments[-1].error_spans = [(0, len(out.token_ids), "malformed_action")]
         if ep.submitted:
             s.finish = "stop"
         elif len(ep.actions) >= max_turns:
