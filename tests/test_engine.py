@@ -41,7 +41,16 @@ def hf_model(seed=0):
     return LlamaForCausalLM(cfg).eval()
 
 
-ENGINES = {"kit": kit_model, "hf": hf_model}
+def hf_lora_model(seed=0):
+    """A transformers model wrapped with a PEFT LoRA adapter (the distill path's policy)."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(hf_model(seed), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
+                                                      init_lora_weights=False))
+    return model.eval()
+
+
+ENGINES = {"kit": kit_model, "hf": hf_model, "hf-lora": hf_lora_model}
 
 
 @pytest.fixture(params=sorted(ENGINES))
