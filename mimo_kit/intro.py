@@ -44,6 +44,14 @@ CHAPTERS = [
      "mechanisms": "Qwen 9B distill path: SFT with TRL + PEFT, then RL; multi-harness evaluation"},
 ]
 
+def chapter_map() -> list[dict]:
+    """:data:`CHAPTERS` with a ``status`` column: whether the chapter's notebook has landed in ``notebooks/``."""
+    from mimo_kit.course import NOTEBOOK_DIR
+
+    return [{**c, "status": "✓" if (NOTEBOOK_DIR / f"{c['notebook']}.ipynb").is_file() else "planned"}
+            for c in CHAPTERS]
+
+
 #: Report §4.1: the RL step of the report.
 RL_STEP = {"prompt_batch": 1568, "rollouts_per_prompt": 16, "rollouts_per_step": 25088,
            "train_tokens_per_step": (2.7e9, 3.7e9), "tokens_per_sequence": (110e3, 150e3), "max_context": 2**20}

@@ -24,7 +24,7 @@ class OracleDrafter(BlockDrafter):
         super().__init__(cfg, bb.config)
         self.continuation, self.prompt_len, self.wrong_every = continuation, prompt_len, wrong_every
 
-    def forward(self, backbone, features, ctx_positions, ctx_allowed, anchors, anchor_pos):
+    def forward(self, backbone, ctx_kv, ctx_allowed, anchors, anchor_pos):
         V, B = backbone.config.vocab_size, self.config.block_size
         logits = torch.zeros(1, B - 1, V)
         for k in range(1, B):
@@ -133,10 +133,10 @@ def test_drafter_sees_only_its_context_window():
     changed[0, :10] += 1.0  # outside the window
     changed[0, 15:] += 1.0  # at or after the anchor
     with torch.no_grad():
-        a = drafter(bb, feats, pos, allowed, torch.tensor([7]), anchor_pos)
-        b = drafter(bb, changed, pos, allowed, torch.tensor([7]), anchor_pos)
+        a = drafter(bb, drafter.context(feats, pos), allowed, torch.tensor([7]), anchor_pos)
+        b = drafter(bb, drafter.context(changed, pos), allowed, torch.tensor([7]), anchor_pos)
         changed[0, 12] += 1.0
-        c = drafter(bb, changed, pos, allowed, torch.tensor([7]), anchor_pos)
+        c = drafter(bb, drafter.context(changed, pos), allowed, torch.tensor([7]), anchor_pos)
     torch.testing.assert_close(a, b)
     assert (a - c).abs().max() > 1e-4
     assert a.shape == (1, cfg.block_size - 1, bb.config.vocab_size)

@@ -34,7 +34,8 @@ class SpecBenchConfig(Config):
     prompt_len: int = knob(48, "tokens per prompt (longer than the tiny SWA window)", min=1)
     new_tokens: int = knob(96, "tokens generated per prompt", min=1)
     quick: bool = knob(False, "smoke-sized run (notebooks set it from MIMO_KIT_QUICK)")
-    out_dir: str = knob("runs/ch02b", "backbone and drafter checkpoints; reruns resume from them")
+    out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = <repo>/runs/ch02b, "
+                                     "shared by the notebook and the command line")
     seed: int = knob(0, "prompts and sampling", min=0)
 
     PRESETS = {"tiny": {}, "small": {"backbone_steps": 2000, "new_tokens": 192}}
@@ -42,7 +43,10 @@ class SpecBenchConfig(Config):
 
 def run_dir(cfg: SpecBenchConfig) -> str:
     """Quick and full runs keep separate checkpoints, so neither resumes the other's."""
-    return f"{cfg.out_dir}/{'quick' if cfg.quick else 'full'}"
+    from pathlib import Path
+
+    base = cfg.out_dir or str(Path(__file__).resolve().parents[2] / "runs" / "ch02b")
+    return f"{base}/{'quick' if cfg.quick else 'full'}"
 
 
 def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object, dict[str, torch.Tensor]]:

@@ -81,7 +81,8 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, promp
     t0 = time.perf_counter()
     cache = backbone.new_cache(slack=B)
     out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
-    feats = drafter.features(out.hidden_states)[0]  # [T, n·H] context features of every processed position
+    positions = torch.arange(prompt.shape[1])
+    ctx = drafter.context(drafter.features(out.hidden_states)[:, -window:], positions[-window:])  # per layer k, v
 
     def pick(logits: torch.Tensor) -> int:
         if temperature == 0:
@@ -92,10 +93,9 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, promp
     tokens, accepted = [anchor], []
     proposed_at, accepted_at = [0] * (B - 1), [0] * (B - 1)
     while len(tokens) < max_new_tokens and anchor != eos_token_id:
-        ctx = feats[-window:]
-        ctx_pos = torch.arange(pos - ctx.shape[0], pos)
-        q_logits = drafter(backbone, ctx[None], ctx_pos, torch.ones(1, ctx.shape[0], dtype=torch.bool),
-                           torch.tensor([anchor]), torch.tensor([pos]))[0].float()  # [B − 1, V]
+        n_ctx = ctx[0][0].shape[2]
+        q_logits = drafter(backbone, ctx, torch.ones(1, n_ctx, dtype=torch.bool), torch.tensor([anchor]),
+                           torch.tensor([pos]))[0].float()  # [B − 1, V]
         if temperature == 0:
             drafts = q_logits.argmax(-1)
         else:
@@ -109,7 +109,9 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, promp
         else:
             a, nxt = verify_sampling(drafts, q, (p_logits / temperature).softmax(-1), generator)
         cache.rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
-        feats = torch.cat([feats, drafter.features(out.hidden_states)[0, : a + 1]])[-window:]
+        new = drafter.context(drafter.features(out.hidden_states)[:, : a + 1], torch.arange(pos, pos + a + 1))
+        ctx = [(torch.cat([k, nk], 2)[:, :, -window:], torch.cat([v, nv], 2)[:, :, -window:])
+               for (k, v), (nk, nv) in zip(ctx, new)]  # the drafter's context: the last `window` positions
         for i in range(min(a + 1, B - 1)):
             proposed_at[i] += 1
             accepted_at[i] += int(i < a)

@@ -87,17 +87,21 @@ class DraftAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, self.kv * self.d, bias=False)
         self.o_proj = nn.Linear(self.h * self.d, hidden, bias=False)
 
-    def forward(self, x, ctx, rope_block, rope_ctx, ctx_allowed):
-        """x [N, B, H] block states; ctx [N, C, H] context features; ctx_allowed [N, C] bool → [N, B, H]."""
+    def context_kv(self, ctx: torch.Tensor, rope_ctx) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (rotated) and values of context features ctx [N, C, H] → [N, KV, C, d] each."""
+        N, C, _ = ctx.shape
+        kc = self.k_proj(ctx).view(N, C, self.kv, self.d).transpose(1, 2)
+        vc = self.v_proj(ctx).view(N, C, self.kv, self.d).transpose(1, 2)
+        return apply_partial_rope(kc, *rope_ctx), vc
+
+    def forward(self, x, ctx_kv, rope_block, ctx_allowed):
+        """x [N, B, H] block states; ctx_kv: context keys/values [N, KV, C, d]; ctx_allowed [N, C] → [N, B, H]."""
         N, B, _ = x.shape
-        C = ctx.shape[1]
         q = self.q_proj(x).view(N, B, self.h, self.d).transpose(1, 2)
         kb = self.k_proj(x).view(N, B, self.kv, self.d).transpose(1, 2)
         vb = self.v_proj(x).view(N, B, self.kv, self.d).transpose(1, 2)
-        kc = self.k_proj(ctx).view(N, C, self.kv, self.d).transpose(1, 2)
-        vc = self.v_proj(ctx).view(N, C, self.kv, self.d).transpose(1, 2)
         q, kb = apply_partial_rope(q, *rope_block), apply_partial_rope(kb, *rope_block)
-        kc = apply_partial_rope(kc, *rope_ctx)
+        kc, vc = ctx_kv
         k = torch.cat([kc, kb], dim=2).repeat_interleave(self.h // self.kv, dim=1)  # [N, h, C + B, d]
         v = torch.cat([vc, vb], dim=2).repeat_interleave(self.h // self.kv, dim=1)
         allowed = torch.cat([ctx_allowed, ctx_allowed.new_ones(N, B)], dim=1)[:, None, None, :]  # block: all
@@ -113,13 +117,14 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, cfg.rms_norm_eps)
         self.mlp = DenseMLP(hidden, cfg.intermediate_size)
 
-    def forward(self, x, ctx, rope_block, rope_ctx, ctx_allowed):
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rope_block, rope_ctx, ctx_allowed)
+    def forward(self, x, ctx_kv, rope_block, ctx_allowed):
+        x = x + self.self_attn(self.input_layernorm(x), ctx_kv, rope_block, ctx_allowed)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class BlockDrafter(nn.Module):
-    """``drafter(backbone, features, ctx_positions, ctx_allowed, anchors, anchor_pos)`` → logits [N, B − 1, V]."""
+    """``drafter(backbone, drafter.context(features, positions), ctx_allowed, anchors, anchor_pos)`` → logits
+    [N, B − 1, V]."""
 
     def __init__(self, cfg: DrafterConfig, backbone_cfg: MiMoConfig):
         super().__init__()
@@ -142,27 +147,33 @@ class BlockDrafter(nn.Module):
         """Concatenate the chosen backbone layers' outputs: list of [N, T, H] → [N, T, n·H] (detached)."""
         return torch.cat([hidden_states[i] for i in self.feature_layers], dim=-1).detach()
 
-    def forward(self, backbone: MiMoForCausalLM, features: torch.Tensor, ctx_positions: torch.Tensor,
+    def context(self, features: torch.Tensor, ctx_positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per draft layer, the keys/values of context features [N, C, n·H] at positions ``ctx_positions`` [C].
+
+        Computed once per position: decoding appends the new positions' entries instead of recomputing the window.
+        """
+        ctx = self.fc_norm(self.fc(features.to(self.fc.weight.dtype)))
+        rope_ctx = rope_cos_sin(self.inv_freq, ctx_positions, ctx.dtype)
+        return [layer.self_attn.context_kv(ctx, rope_ctx) for layer in self.layers]
+
+    def forward(self, backbone: MiMoForCausalLM, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
                 ctx_allowed: torch.Tensor, anchors: torch.Tensor, anchor_pos: torch.Tensor) -> torch.Tensor:
         """Draft one block per row.
 
-        features [N, C, n·H] of context positions ``ctx_positions`` [C] (shared by all rows);
-        ctx_allowed [N, C] bool: which context positions each row's block may see (those before its anchor,
-        at most ``context_window`` of them); anchors [N] token ids; anchor_pos [N] their positions.
-        Returns logits [N, B − 1, V] for tokens anchor + 1 … anchor + B − 1.
+        ctx_kv: :meth:`context` of the rows' context positions ([N, KV, C, d] per layer); ctx_allowed [N, C] bool:
+        which context positions each row's block may see (those before its anchor, at most ``context_window``);
+        anchors [N] token ids; anchor_pos [N] their positions. Returns logits [N, B − 1, V] for tokens
+        anchor + 1 … anchor + B − 1.
         """
         B = self.config.block_size
         N = anchors.shape[0]
         emb = backbone.model.embed_tokens(anchors)[:, None, :]  # [N, 1, H]
         x = torch.cat([emb, self.mask_embedding.to(emb.dtype).expand(N, B - 1, -1)], dim=1)  # [N, B, H]
-        ctx = self.fc_norm(self.fc(features.to(x.dtype)))
         block_pos = anchor_pos[:, None] + torch.arange(B, device=x.device)[None, :]  # [N, B]
         cos_b, sin_b = rope_cos_sin(self.inv_freq, block_pos.reshape(-1), x.dtype)
         rope_block = (cos_b.view(N, 1, B, -1), sin_b.view(N, 1, B, -1))
-        cos_c, sin_c = rope_cos_sin(self.inv_freq, ctx_positions, x.dtype)
-        rope_ctx = (cos_c, sin_c)
-        for layer in self.layers:
-            x = layer(x, ctx, rope_block, rope_ctx, ctx_allowed)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, kv, rope_block, ctx_allowed)
         return backbone.lm_head(self.norm(x[:, 1:]))
 
 

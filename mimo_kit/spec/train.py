@@ -4,8 +4,11 @@ Per step: a batch of sequences (corpus text, and text the backbone itself genera
 *the backbone*, not the corpus), the backbone's hidden states once (no gradient), M random anchors per sequence.
 Block position k (1 ≤ k < B) of anchor a predicts token a + k:
 
-.. math:: \\mathcal{L} = \\frac{\\sum_k w_k \\, \\mathrm{CE}(\\hat x_{a+k}, x_{a+k})}{\\sum_k w_k}, \\qquad
+.. math:: \\mathcal{L} = \\frac{\\sum_k w_k \\, \\mathrm{CE}(p_{a+k}, q_k)}{\\sum_k w_k}, \\qquad
           w_k = e^{-(k-1)/\\gamma}
+
+where p_{a+k} is the backbone's distribution for token a + k given the text before it (distillation: a draft is
+accepted when it agrees with the backbone, not with the corpus) and q_k the drafter's.
 
 A checkpoint (drafter, optimiser, data-generator state, log) is written atomically every ``checkpoint_every``
 steps; a run pointed at a folder with a checkpoint continues from it and reproduces the uninterrupted run.
@@ -19,7 +22,6 @@ import os
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from mimo_kit.config.base import Config, knob
@@ -34,13 +36,17 @@ class DrafterTrainConfig(Config):
     steps: int = knob(300, "tiny: acceptance plateaus within a few hundred steps", min=1)
     batch: int = knob(8, "sequences per step", min=1)
     seq_len: int = knob(96, "tokens per training sequence", min=4)
-    anchors_per_seq: int = knob(8, "random anchors per sequence: many blocks per backbone pass", min=1)
-    lr: float = knob(2e-3, "AdamW for a small drafter; constant, so a resumed run matches", min=0.0)
-    self_generated: int = knob(32, "sequences the backbone writes itself (sampled at T = 1) mixed into batches",
+    anchors_per_seq: int = knob(32, "random anchors per sequence: many blocks share one backbone pass", min=1)
+    lr: float = knob(3e-3, "AdamW for a small drafter; constant, so a resumed run matches", min=0.0)
+    self_generated: int = knob(32, "sequences the backbone writes itself mixed into batches",
                                min=0)
     self_generated_share: float = knob(0.5, "share of each batch drawn from the backbone's own text", min=0.0,
                                        max=1.0)
     prompt_len: int = knob(16, "corpus prompt length before the backbone's own continuation", min=1)
+    generation_temperature: float = knob(0.7, "temperature of the backbone's own text: near what serving samples",
+                                         min=0.0)
+    distill: bool = knob(True, "match the backbone's next-token distribution, not the text: a draft is accepted "
+                               "when it agrees with the backbone")
     checkpoint_every: int = knob(50, "steps between checkpoints", min=1)
     seed: int = knob(0, "data order, anchors and init", min=0)
 
@@ -54,28 +60,39 @@ def _save(path: Path, state: dict) -> None:
 
 
 def drafter_loss(drafter: BlockDrafter, backbone: MiMoForCausalLM, x: torch.Tensor, generator: torch.Generator,
-                 anchors_per_seq: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted block loss on sequences x [N, T] → (loss, per-position accuracy [B − 1])."""
+                 anchors_per_seq: int = 8, distill: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted block loss on sequences x [N, T] → (loss, per-position agreement [B − 1]).
+
+    ``distill``: cross-entropy against the backbone's own next-token distribution (what verification compares
+    with); else against the text's next tokens.
+    """
     cfg = drafter.config
     N, T = x.shape
     B = cfg.block_size
     if T < B + 1:
         raise ValueError(f"sequences of {T} tokens are too short for block size {B}")
     with torch.no_grad():
-        feats = drafter.features(backbone(x, output_hidden_states=True).hidden_states)  # [N, T, n·H]
+        out = backbone(x, output_hidden_states=True)
+        feats = drafter.features(out.hidden_states)  # [N, T, n·H]
     M = min(T - B, anchors_per_seq)
     anchors = torch.randint(1, T - B + 1, (N, M), generator=generator)  # a ≥ 1: at least one context position
     rows = torch.arange(N).repeat_interleave(M)
     a = anchors.reshape(-1)
     positions = torch.arange(T)
-    logits = drafter(backbone, feats[rows], positions, context_mask(positions, a, cfg.context_window),
-                     x[rows, a], a)  # [N·M, B − 1, V]
+    ctx_kv = [(k[rows], v[rows]) for k, v in drafter.context(feats, positions)]  # per sequence, then per block
+    logits = drafter(backbone, ctx_kv, context_mask(positions, a, cfg.context_window), x[rows, a], a)  # [N·M, B−1, V]
     k = torch.arange(1, B)
-    targets = x[rows[:, None], a[:, None] + k[None, :]]  # [N·M, B − 1]
     w = torch.exp(-(k - 1).float() / cfg.gamma)
-    ce = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(-1, B - 1)
+    logq = logits.float().log_softmax(-1)
+    if distill:  # the backbone's distribution for token a + k, given the text up to a + k − 1
+        p = out.logits[rows[:, None], a[:, None] + k[None, :] - 1].float().softmax(-1)  # [N·M, B − 1, V]
+        ce = -(p * logq).sum(-1)
+        target = p.argmax(-1)
+    else:  # the text itself
+        target = x[rows[:, None], a[:, None] + k[None, :]]  # [N·M, B − 1]
+        ce = -logq.gather(-1, target[..., None])[..., 0]
     loss = (ce.mean(0) * w).sum() / w.sum()
-    acc = (logits.argmax(-1) == targets).float().mean(0)
+    acc = (logits.argmax(-1) == target).float().mean(0)
     return loss, acc
 
 
@@ -115,7 +132,7 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
         x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
                         [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
         drafter.train()
-        loss, acc = drafter_loss(drafter, backbone, x, gen, cfg.anchors_per_seq)
+        loss, acc = drafter_loss(drafter, backbone, x, gen, cfg.anchors_per_seq, cfg.distill)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -139,7 +156,8 @@ def _self_generated_pool(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: D
     g = torch.Generator().manual_seed(cfg.seed + 1)
     starts = torch.randint(0, len(tokens) - cfg.prompt_len, (cfg.self_generated,), generator=g)
     prompts = torch.stack([tokens[s : s + cfg.prompt_len] for s in starts.tolist()]).long()
-    out = generate(backbone, prompts, cfg.seq_len - cfg.prompt_len, temperature=1.0, generator=g)
+    out = generate(backbone, prompts, cfg.seq_len - cfg.prompt_len, temperature=cfg.generation_temperature,
+                   generator=g)
     return torch.cat([prompts, out.tokens], dim=1)
 
 
