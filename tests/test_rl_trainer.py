@@ -87,6 +87,16 @@ def test_toy_rubric_and_rewards():
     assert sequence_rewards(sample, RLConfig(advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
 
 
+def test_muown_optimizer_trains_and_keeps_the_router(tmp_path, sft_file):
+    r = run_rl(tiny(tmp_path, sft_file, steps=3, optimizer="muown"))
+    sd = r["model"].state_dict()
+    assert all(torch.equal(sd[k], v) for k, v in r["init_router"].items())
+    assert any(h["trained_tokens"] and h["grad_norm"] > 0 for h in r["history"])
+    sft = torch.load(tmp_path / "sft.pt", weights_only=False)["model"]
+    key = "model.layers.1.mlp.experts.gate_up_proj"
+    assert not torch.equal(sd[key], sft[key])
+
+
 def test_r3_and_gar_run(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=2, r3=True, advantage="gar"))
     assert all(h["gar_fallbacks"] == 0 for h in r["history"])

@@ -73,6 +73,7 @@ class RLConfig(Config):
                            min=2)
     lr: float = knob(2e-4, "AdamW on a warm-started toy policy: moves in tens of steps without collapsing",
                      min=0.0)
+    optimizer: str = knob("adamw", "'adamw', or 'muown' for the hidden matrices as in Report §5 (no weight decay)")
     temperature: float = knob(1.0, "sample at T = 1 so rollout logprobs are the policy's own", min=0.0)
     max_turns: int = knob(8, "episode limit: the longest expert trajectory has 7 actions", min=1)
     advantage: str = knob("grpo", "'grpo' (binary reward), 'gar' (rule-based group grader, Report §4.3.2) or "
@@ -104,6 +105,8 @@ class RLConfig(Config):
             raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo', 'gar' or 'grs'")
         if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:
             raise ConfigError(f"RLConfig.in_flight={self.in_flight} < prompts={self.prompts}: a batch cannot fill")
+        if self.optimizer not in ("adamw", "muown"):
+            raise ConfigError(f"RLConfig.optimizer={self.optimizer!r}; expected 'adamw' or 'muown'")
         if self.loss_agg not in ("token-mean", "seq-mean", "prompt-mean"):
             raise ConfigError(f"RLConfig.loss_agg={self.loss_agg!r}; expected token-mean, seq-mean or prompt-mean")
 
@@ -218,7 +221,7 @@ def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, 
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     per_tok, stats = ppo_clip_loss(logp, old, adv, cfg.clip.eps_low, eps_high, mask)
     loss = aggregate_loss(per_tok * weight, mask, batch.group_ids, cfg.loss_agg)
-    opt.zero_grad(set_to_none=True)
+    opt.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                cfg.clip.grad_clip)
@@ -269,6 +272,20 @@ def _save(path: Path, obj: dict) -> None:
     os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint intact
 
 
+def build_rl_optimizer(model, cfg: RLConfig):
+    """AdamW on the trainable parameters, or the kit's Muown set (Muown on hidden matrices, AdamW on the rest).
+
+    Report §5: Muown, no weight decay, no warm-up, grad clip 1.0; the lr stays constant through RL.
+    """
+    if cfg.optimizer == "muown":
+        from mimo_kit.optim.build import OptimizerSet
+        from mimo_kit.optim.config import OptimConfig
+
+        return OptimizerSet(model, OptimConfig(matrix_optimizer="muown", lr=cfg.lr, matrix_lr=cfg.lr, norm_lr=cfg.lr,
+                                               weight_decay=0.0, schedule="constant", warmup_steps=0))
+    return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+
+
 def sync_weights(engine: InProcessEngine, model, version: int, cfg: RLConfig) -> None:
     """Weights to the engine; with ``rollout_mxfp4`` the engine's experts become their MXFP4 QDQ (Report §6)."""
     engine.update_weights(model.state_dict(), version)
@@ -313,7 +330,7 @@ def run_rl(cfg: RLConfig) -> dict:
         model, sft_losses = warm_start(cfg, out)
         model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("gate.weight")}
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
+        opt = build_rl_optimizer(model, cfg)
         engine = InProcessEngine(model, seed=cfg.seed)
         sync_weights(engine, model, 0, cfg)
         controller = EntropyClipController.from_config(cfg.clip)
