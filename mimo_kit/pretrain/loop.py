@@ -188,7 +188,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     ckpt = latest_checkpoint(ckpt_dir) if resume else None
     if ckpt is not None:
         state = torch.load(ckpt, weights_only=False)
-        if state["config"] != cfg.to_dict():
+        if dict(state["config"], out_dir=None) != dict(cfg.to_dict(), out_dir=None):  # a run folder may move
             diff = cfg.diff(type(cfg).from_dict(state["config"]))
             raise ValueError(f"run_pretrain: checkpoint {ckpt} was written by a different config ({diff}); use "
                              "another out_dir or resume=False")
