@@ -265,6 +265,15 @@ def _exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple((a, tuple(n)) for a, n in out.items())
 
 
+def _always_visible() -> tuple[str, ...]:
+    """What sandboxed commands need wherever the kit lives, /tmp included: the Python it runs on (the virtual
+    environment and its base install) and the kit's own code (its data/ stays hidden by ``hide_kit_data``)."""
+    import sys
+
+    return tuple(dict.fromkeys(str(p) for p in (sys.prefix, sys.base_prefix, Path(sys.prefix).resolve(),
+                                                 Path(sys.base_prefix).resolve(), _KIT_ROOT)))
+
+
 def _tmp_masks(keep: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
     """(path, is_dir) of every /tmp entry that is neither one of ``keep`` nor an ancestor of one."""
     out = []
@@ -376,8 +385,8 @@ def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | 
     if own_home and uid is not None:
         os.chown(home_dir, uid, uid)
     stage = tempfile.mkdtemp(prefix="mimo-stage-")  # root-only mount points for the exposure binds
-    masks = _tmp_masks(tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible))) if (
-        mountns and cfg.private_tmp) else ()
+    masks = _tmp_masks(tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible, *_always_visible()))
+                       ) if (mountns and cfg.private_tmp) else ()
     t0 = time.perf_counter()
     timed_out = False
     out, err = _Tail(cfg.output_limit), _Tail(cfg.output_limit)
