@@ -72,7 +72,10 @@ class SandboxConfig(Config):
     uid_base: int = knob(200_000, "throw-away uids are drawn from [uid_base, uid_base + 50000); no passwd entry",
                          min=1000)
     hide_kit_data: bool = knob(True, "cover the kit's data/ (gold patches, hidden tests) with an empty tmpfs")
-    private_tmp: bool = knob(True, "mask every /tmp entry except the command's own dirs (other episodes' workspaces)")
+    private_tmp: bool = knob(True, "mask every entry of the shared roots below except the command's own dirs "
+                                   "(other episodes' workspaces, other checkouts of the kit and their gold data)")
+    shared_roots: tuple[str, ...] = knob(("/tmp", "/var/tmp", "/work", "/srv", "/home", "/mnt"),
+                                         "folders where other episodes, checkouts and users keep files")
 
     PRESETS = {"tiny": {}}
 
@@ -274,10 +277,16 @@ def _always_visible() -> tuple[str, ...]:
                                                  Path(sys.base_prefix).resolve(), _KIT_ROOT)))
 
 
-def _tmp_masks(keep: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
-    """(path, is_dir) of every /tmp entry that is neither one of ``keep`` nor an ancestor of one."""
+def _tmp_masks(keep: tuple[str, ...], roots: tuple[str, ...] = ("/tmp",)) -> tuple[tuple[str, bool], ...]:
+    """(path, is_dir) of every entry of ``roots`` that is neither one of ``keep`` nor an ancestor of one."""
     out = []
-    for entry in os.scandir("/tmp"):
+    entries = []
+    for root in roots:
+        try:
+            entries += list(os.scandir(root))
+        except OSError:  # a root this machine does not have
+            continue
+    for entry in entries:
         path = entry.path
         if any(k == path or k.startswith(path + "/") for k in keep):
             continue
@@ -300,7 +309,7 @@ def _preexec(cfg: SandboxConfig, uid: int | None, hide: tuple[str, ...], netns: 
         _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
         for path in hide:
             _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
-        for path, is_dir in masks:  # other episodes' files in /tmp: empty dirs, /dev/null files
+        for path, is_dir in masks:  # other episodes' and checkouts' files: empty dirs, /dev/null files
             if is_dir:
                 _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
             else:
@@ -385,8 +394,8 @@ def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | 
     if own_home and uid is not None:
         os.chown(home_dir, uid, uid)
     stage = tempfile.mkdtemp(prefix="mimo-stage-")  # root-only mount points for the exposure binds
-    masks = _tmp_masks(tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible, *_always_visible()))
-                       ) if (mountns and cfg.private_tmp) else ()
+    keep = tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible, *_always_visible()))
+    masks = _tmp_masks(keep, cfg.shared_roots) if (mountns and cfg.private_tmp) else ()
     t0 = time.perf_counter()
     timed_out = False
     out, err = _Tail(cfg.output_limit), _Tail(cfg.output_limit)
