@@ -36,6 +36,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_decoder.py
 	$(BIN)/python benchmarks/bench_optim.py
 	$(BIN)/python benchmarks/bench_grading.py
+	$(BIN)/python benchmarks/bench_spec.py
+	$(BIN)/python benchmarks/bench_rl.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
