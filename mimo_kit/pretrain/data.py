@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from mimo_kit.checkpoint import atomic_save
 from mimo_kit.corpus import document_split, documents
 
 
@@ -43,9 +44,7 @@ def token_streams(tokenizer, corpus_bytes: int | None = None, val_fraction: floa
         return torch.load(path)
     streams = {"train": encode_documents(tokenizer, train), "val": encode_documents(tokenizer, val)}
     if tok_file.is_file():
-        tmp = path.with_suffix(".tmp")
-        torch.save(streams, tmp)
-        tmp.replace(path)
+        atomic_save(streams, path)
     return streams
 
 

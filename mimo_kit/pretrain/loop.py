@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mimo_kit.checkpoint import atomic_save
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.optim.build import OptimizerSet, build_optimizer, lr_factor
 from mimo_kit.optim.mxfp4 import qat_experts
@@ -138,9 +139,7 @@ class Trainer:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"step-{self.step_no:06d}.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save(self.state_dict(), tmp)
-        tmp.replace(path)
+        atomic_save(self.state_dict(), path)
         (folder / "latest").write_text(path.name + "\n")
         for old in sorted(folder.glob("step-*.pt"))[: -self.cfg.keep_checkpoints]:
             old.unlink()

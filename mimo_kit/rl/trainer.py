@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import random
 import statistics
 import time
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 
+from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
@@ -266,12 +266,6 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, seed_offset: int = 0) -> di
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
-def _save(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint intact
-
-
 def build_rl_optimizer(model, cfg: RLConfig):
     """AdamW on the trainable parameters, or the kit's Muown set (Muown on hidden matrices, AdamW on the rest).
 
@@ -304,7 +298,7 @@ def warm_start(cfg: RLConfig, out: Path):
             model.load_state_dict(saved["model"])
             return model, saved["losses"]
     losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress)
-    _save(path, {"key": key, "model": model.state_dict(), "losses": losses})
+    atomic_save({"key": key, "model": model.state_dict(), "losses": losses}, path)
     return model, losses
 
 
@@ -379,10 +373,10 @@ def run_rl(cfg: RLConfig) -> dict:
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                _save(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
+                atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
                              "engine_rng": engine.rng_state(), "rng": rng.getstate(), "eps_high": controller.eps_high,
                              "sft_eval": sft_eval, "init_router": init_router,
-                             "buffer": buffer, "config": cfg.to_dict()})
+                             "buffer": buffer, "config": cfg.to_dict()}, ckpt)
         final_eval = evaluate(engine, cfg)
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
+from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
@@ -51,12 +51,6 @@ class DrafterTrainConfig(Config):
     seed: int = knob(0, "data order, anchors and init", min=0)
 
     PRESETS = {"tiny": {}, "small": {"steps": 1000, "seq_len": 256, "self_generated": 64}}
-
-
-def _save(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic: a crash never leaves a half-written checkpoint
 
 
 def drafter_loss(drafter: BlockDrafter, backbone: MiMoForCausalLM, x: torch.Tensor, generator: torch.Generator,
@@ -142,9 +136,9 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
         log["acc"].append(acc.tolist())
         if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             ckpt.parent.mkdir(parents=True, exist_ok=True)
-            _save(ckpt, {"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+            atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
                          "generator": gen.get_state(), "log": log, "step": step,
-                         "config": cfg.to_dict()})
+                         "config": cfg.to_dict()}, ckpt)
     drafter.eval()
     return {"drafter": drafter, "log": log}
 
