@@ -1,4 +1,4 @@
-"""One GRPO step: the kit trainer vs TRL's GRPOTrainer on the same tiny transformers model (issue 8, item 5).
+"""One GRPO step: the kit trainer vs TRL's GRPOTrainer on the same tiny transformers model.
 
 Both sides in one process, same model init, same prompts, group size, completion length (no early stop), same
 reward, one optimiser step per generation batch, AdamW, token-level PPO-clip loss. Tokens/s counts generated

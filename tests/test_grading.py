@@ -16,6 +16,8 @@ from mimo_kit.grading import (
 )
 from mimo_kit.grading.demo import demo_group
 from mimo_kit.grading.group import changed_functions
+from mimo_kit.rl.advantages import quality_factors
+from mimo_kit.rl.config import GARConfig
 
 TASK = next(t for t in shipped_tasks() if t.id == "stats-median")
 
@@ -44,8 +46,20 @@ def test_rule_grader_ranks_on_five_axes_flags_hacks_and_allows_ties(group):
     assert s["sprawl"]["conventions"] < 1 and s["sprawl"]["minimality"] < s["swallow"]["minimality"]
     strict = RuleGroupGrader(GraderConfig(tie_tolerance=0.0)).grade(group)
     assert all(len(t) == 1 for t in strict.ranking)
-    f = tier_factors(v, decay=0.5)
+    f = tier_factors(v, GARConfig(tier_decay=0.5, min_factor=0.1))
     assert f["clean"] == 1.0 and all(0 < x <= 1 for x in f.values()) and "hacker" not in f
+    assert f == {rid: max(0.1, 0.5 ** v.tier_of(rid)) for rid in f}
+
+
+def test_one_quality_factor_schedule_for_the_grader_and_the_trainer(group):
+    """grading.tier_factors and rl.quality_factors read the same GARConfig.factor, so they cannot disagree."""
+    v = RuleGroupGrader().grade(group)
+    ids = [r.id for r in group.rollouts]
+    passed = [v.tier_of(i) is not None for i in ids]
+    for cfg in (GARConfig(), GARConfig(tier_decay=0.3, min_factor=0.2)):
+        f = quality_factors(v.ranking, ids, passed, cfg.tier_decay, cfg.min_factor)
+        g = tier_factors(v, cfg)
+        assert {i: float(x) for i, x, ok in zip(ids, f, passed) if ok} == pytest.approx(g)
 
 
 def test_llm_grader_uses_the_engine_and_falls_back_when_unusable(group):

@@ -12,9 +12,11 @@ from mimo_kit.rl import (
     VerdictError,
     gar_advantages,
     gar_redistribute,
+    gar_step,
     grpo_advantages,
     grs_reward,
     quality_factors,
+    sequence_advantages,
 )
 from mimo_kit.rl.examples import WORKED_GROUP
 
@@ -102,6 +104,24 @@ def groups(draw, graded: bool = True):
     return torch.tensor(rewards), torch.tensor(passed), torch.tensor(quality)
 
 
+@st.composite
+def signed_groups(draw):
+    """A mixed group whose pass advantages take both signs (shaped rewards put some passes below the mean), with
+    magnitudes from 1e-30 to 10, and quality factors from a tier ranking (ties share a factor)."""
+    g = draw(st.integers(2, 12))
+    passed = draw(st.lists(st.booleans(), min_size=g, max_size=g).filter(lambda p: any(p) and not all(p)))
+    mag = st.one_of(st.floats(1e-30, 1e-6), st.floats(1e-6, 10.0))
+    a = [draw(mag) * draw(st.sampled_from([-1.0, 1.0])) if draw(st.integers(0, 9)) else 0.0 for _ in passed]
+    tiers = [draw(st.integers(0, 3)) for _ in passed]
+    cfg = GARConfig(tier_decay=draw(st.floats(0.1, 1.0)), min_factor=draw(st.floats(0.05, 1.0)))
+    f = [cfg.factor(t) for t in tiers]
+    return torch.tensor(a), torch.tensor(passed), torch.tensor(f), tiers
+
+
+def _positive_passes(a, p):
+    return p & (a > 0)
+
+
 @FAST
 @given(groups())
 def test_gar_uncapped_keeps_the_pass_sum_and_leaves_failures_alone(group):
@@ -111,6 +131,99 @@ def test_gar_uncapped_keeps_the_pass_sum_and_leaves_failures_alone(group):
     torch.testing.assert_close(out[p].sum(), a[p].sum(), rtol=1e-5, atol=1e-5)
     assert torch.equal(out[~p], a[~p])
     torch.testing.assert_close(out.sum(), a.sum(), rtol=1e-5, atol=1e-5)
+
+
+@FAST
+@given(signed_groups())
+def test_gar_moves_only_positive_pass_mass_and_keeps_its_sum(group):
+    """Σ over the positive passes is preserved uncapped; passes with A ≤ 0 and failures are not touched."""
+    a, p, f, _ = group
+    pos = _positive_passes(a, p)
+    out, lam = gar_step(a, p, f)
+    assert torch.equal(out[~pos], a[~pos])
+    torch.testing.assert_close(out[pos].double().sum(), a[pos].double().sum(), rtol=1e-5, atol=0.0)
+    assert (out[pos] > 0).all()  # a positive pass stays positive
+    assert (lam is None) == (not bool(pos.any()))
+
+
+@FAST
+@given(signed_groups())
+def test_gar_lambda_is_bounded_even_when_the_weighted_sum_is_tiny(group):
+    """1 ≤ λ ≤ 1 / min_P⁺ f, whatever the magnitudes: every term of Σ_P⁺ f·A is positive."""
+    a, p, f, _ = group
+    pos = _positive_passes(a, p)
+    out, lam = gar_step(a, p, f)
+    assert torch.isfinite(out).all()
+    if lam is not None:
+        assert 1.0 - 1e-9 <= lam <= 1.0 / float(f[pos].min()) + 1e-6
+
+
+@FAST
+@given(signed_groups(), st.one_of(st.none(), st.floats(1.0, 4.0)))
+def test_no_lower_ranked_pass_gains_on_a_higher_ranked_one(group, cap):
+    """For passes i ranked above j by the grader (f_i > f_j), whatever the signs of their advantages:
+
+    - GAR's multiplier is monotone in rank: A'_i/A_i ≥ A'_j/A_j when both are positive passes (ties: equal);
+    - GAR never lets j overtake i: A_i ≥ A_j ⇒ A'_i ≥ A'_j;
+    - a pass with A ≤ 0 is never moved on its own (only by the group's common re-centring shift);
+    - equal advantages (the binary-reward case) stay ordered by rank: A'_i ≥ A'_j.
+    Re-centring then shifts the whole group by one constant, which changes none of these differences.
+    """
+    a, p, f, tiers = group
+    pos = _positive_passes(a, p)
+    out = gar_redistribute(a, p, f, max_scale=cap)
+    mult = torch.where(pos, out / torch.where(pos, a, torch.ones_like(a)), torch.ones_like(a))  # A'/A on P⁺
+    assert torch.equal(out[~pos], a[~pos])
+    idx = torch.nonzero(p).flatten().tolist()
+    for i in idx:
+        for j in idx:
+            both = bool(pos[i] and pos[j])
+            if both and tiers[i] == tiers[j]:
+                assert abs(float(mult[i] - mult[j])) <= 1e-5 * float(mult[i])
+            if f[i] <= f[j]:
+                continue
+            if both:
+                assert mult[i] >= mult[j] * (1 - 1e-5)
+            if a[i] >= a[j]:
+                assert out[i] >= out[j]
+    rec, lam = gar_step(a, p, f, max_scale=cap, recenter=True)
+    if lam is None:  # GAR did not act (no positive pass): nothing to re-centre either
+        assert torch.equal(rec, a)
+    else:
+        torch.testing.assert_close(rec.double(), (out - out.mean()).double(), rtol=1e-5, atol=1e-6)
+
+
+def test_gar_leaves_all_pass_and_all_fail_groups_as_they_are():
+    r = grs_reward([True] * 4, [1.0, 0.6, 0.9, 0.3], [1.0, 1.0, 0.5, 1.0])  # all pass, graded: A has a spread
+    a = grpo_advantages(r)
+    assert a.abs().max() > 0.5
+    f = torch.tensor([1.0, 0.5, 0.25, 0.25])
+    assert torch.equal(gar_redistribute(a, [True] * 4, f, max_scale=2.0, recenter=True), a)
+    assert torch.equal(gar_redistribute(-a, [False] * 4, f, max_scale=2.0, recenter=True), -a)
+
+
+def test_the_needless_passes_case_no_longer_moves_the_wrong_way():
+    """Five clean passes (9 tokens), two needless passes (15 tokens) the grader ranks lower, one failure, with the
+    length penalty on: before, GAR raised the needless passes (−0.144 → −0.097) and lowered the clean ones
+    (0.529 → 0.510). Now the needless passes (A ≤ 0 after the length penalty) are left where they are, and the clean
+    passes (one top tier, λ = 1) keep theirs."""
+    ids = [f"clean{i}" for i in range(5)] + ["needless0", "needless1", "fail"]
+    passed = [True] * 7 + [False]
+    lengths = [9] * 5 + [15] * 2 + [12]
+    verdict = {"ranking": [[f"clean{i}" for i in range(5)], ["needless0", "needless1"]], "hacks": []}
+    res = sequence_advantages(passed, lengths=lengths, gar=True, verdict=verdict, ids=ids)
+    assert res.fallback is None
+    before = res.grpo  # GRPO of the length-penalised rewards: the advantages GAR starts from
+    torch.testing.assert_close(before[:5], torch.full((5,), 0.529), atol=1e-3, rtol=0)
+    torch.testing.assert_close(before[5:7], torch.full((2,), -0.144), atol=1e-3, rtol=0)
+    assert (res.advantages[:5] >= before[:5] - 1e-6).all()  # clean passes up or unchanged
+    assert (res.advantages[5:7] <= before[5:7] + 1e-6).all()  # needless passes down or unchanged
+    torch.testing.assert_close(res.advantages[7], before[7])  # the failure: untouched (up to re-centring noise)
+    # the same group with the clean passes split into two tiers: the top tier gains, the needless stay put
+    verdict2 = {"ranking": [ids[:2], ids[2:5], ["needless0", "needless1"]], "hacks": []}
+    res2 = sequence_advantages(passed, lengths=lengths, gar=True, verdict=verdict2, ids=ids)
+    assert (res2.advantages[:2] > before[:2]).all() and (res2.advantages[2:5] < res2.advantages[0]).all()
+    torch.testing.assert_close(res2.advantages[5:7], before[5:7])
 
 
 @FAST
@@ -146,8 +259,8 @@ def test_gar_cap_holds_and_recentering_gives_zero_mean(group, cap):
 def test_gar_worked_numbers():
     """Rewards [1, 1, 0, 0]: A = [.866, .866, −.866, −.866]; f = [1, .5] → λ = 2/1.5 → A' = [1.155, .577]."""
     a = grpo_advantages([1.0, 1.0, 0.0, 0.0])
-    out = gar_redistribute(a, [True, True, False, False], [1.0, 0.5, 1.0, 1.0])
-    lam = 2 / 1.5
+    out, lam = gar_step(a, [True, True, False, False], [1.0, 0.5, 1.0, 1.0])
+    assert lam == pytest.approx(2 / 1.5)
     torch.testing.assert_close(out, torch.stack([lam * a[0], lam * 0.5 * a[1], a[2], a[3]]))
 
 
@@ -155,6 +268,8 @@ def test_gar_leaves_degenerate_groups_alone_and_rejects_bad_quality():
     a = grpo_advantages([1.0, 1.0, 1.0])
     assert torch.equal(gar_redistribute(a, [True] * 3, [1.0, 0.5, 0.2]), a)  # all zero: nothing to move
     assert torch.equal(gar_redistribute(a, [False] * 3, [1.0] * 3), a)
+    below = torch.tensor([-0.2, -0.1, 0.3])  # the only pass is negative: no positive mass to move
+    assert torch.equal(gar_redistribute(below, [True, True, False], [1.0, 0.5, 1.0], recenter=True), below)
     with pytest.raises(ValueError, match=r"quality of passes must lie in \(0, 1\], got \[0.0\]"):
         gar_redistribute(torch.tensor([1.0, -1.0]), [True, False], [0.0, 1.0])
     with pytest.raises(ValueError, match=r"got \[1.5\]"):
@@ -163,6 +278,14 @@ def test_gar_leaves_degenerate_groups_alone_and_rejects_bad_quality():
         gar_redistribute(torch.tensor([1.0, -1.0]), [True, False], [1.0, 1.0], max_scale=0.5)
     with pytest.raises(ValueError, match="shapes differ"):
         gar_redistribute(torch.tensor([1.0, -1.0]), [True], [1.0, 1.0])
+
+
+def test_the_quality_schedule_is_geometric_with_a_floor_and_rejects_bad_tiers():
+    cfg = GARConfig(tier_decay=0.5, min_factor=0.2)
+    assert [cfg.factor(t) for t in range(4)] == [1.0, 0.5, 0.25, 0.2]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"tier={bad!r}"):
+            cfg.factor(bad)
 
 
 # ---- GAR: quality factors and the verdict step ------------------------------------------------------------------

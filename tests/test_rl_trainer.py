@@ -158,7 +158,7 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file):
 
 @pytest.mark.slow
 def test_rl_raises_heldout_pass_rate_over_sft(tmp_path, sft_file):
-    """Acceptance (issue 8): SFT warm start + RL beats the SFT policy on held-out tasks (pass@1, sampled)."""
+    """SFT warm start + RL beats the SFT policy on held-out tasks (pass@1, sampled)."""
     r = run_rl(tiny(tmp_path, sft_file, steps=12, prompts=16, group_size=8, eval_tasks=128, eval_samples=2,
                     checkpoint_every=0))
     sft, rl = r["sft_eval"]["pass_rate"], r["rl_eval"]["pass_rate"]

@@ -127,3 +127,25 @@ def test_play_records_tokens_and_grader_prefers_minimal_passes():
     res = gar_advantages([s.reward for s in sample.sequences], [s.passed for s in sample.sequences], ids, verdict)
     grpo = grpo_advantages([s.reward for s in sample.sequences])
     assert res.fallback is None and res.advantages[1] < grpo[1] and res.advantages[0] > grpo[0]
+
+
+def test_the_trainer_composes_advantages_in_the_one_stated_order():
+    """trainer.group_advantages with GAR and the length penalty on a played group equals
+    compose.sequence_advantages called by hand on the same outcomes, lengths and verdict."""
+    from mimo_kit.rl.compose import sequence_advantages
+    from mimo_kit.rl.trainer import RLConfig, group_advantages
+
+    t = make_tasks(1, 5)[0]
+    rng = random.Random(1)
+    styles = ("clean", "needless", "clean", "wrong", "needless", "clean")
+    [sample] = play(ScriptedEngine([expert_actions(t, s, rng, retry_prob=0.0) for s in styles]), [t], group_size=6)
+    cfg = RLConfig(advantage="gar", length_penalty=True)
+    rewards, advs, logs = group_advantages([sample], cfg)
+    seqs = sample.sequences
+    lengths = [sum(len(seg) for seg in q.contexts[0].segments if seg.trainable) for q in seqs]
+    ref = sequence_advantages([q.passed for q in seqs], rewards=[q.reward for q in seqs], lengths=lengths,
+                              gar=True, verdict=grade_group(sample), ids=[q.sequence_id for q in seqs])
+    assert logs[0]["fallback"] is None
+    torch.testing.assert_close(torch.tensor(advs[0]), ref.advantages)
+    torch.testing.assert_close(torch.tensor(rewards[0]), ref.rewards)
+    assert len(set(lengths)) > 1  # the length penalty had something to act on

@@ -28,6 +28,7 @@ from pathlib import Path
 from mimo_kit.config.base import Config, knob
 from mimo_kit.envs.code import is_protected
 from mimo_kit.envs.hacks import detect_hacks
+from mimo_kit.rl.config import GARConfig
 
 AXES = ("approach", "precision", "minimality", "scope", "conventions")
 
@@ -80,11 +81,11 @@ class GroupVerdict:
         return next((i for i, tier in enumerate(self.ranking) if rid in tier), None)
 
 
-def tier_factors(verdict: GroupVerdict, decay: float = 0.8) -> dict[str, float]:
-    """Quality factors f_i ∈ (0, 1] for GAR: 1 for the best tier, ×``decay`` per tier below (ties share one)."""
-    if not 0 < decay <= 1:
-        raise ValueError(f"decay={decay!r}, expected a value in (0, 1]")
-    return {rid: decay ** i for i, tier in enumerate(verdict.ranking) for rid in tier}
+def tier_factors(verdict: GroupVerdict, cfg: GARConfig | None = None) -> dict[str, float]:
+    """Quality factors f_i ∈ (0, 1] for GAR from the verdict's tiers (ties share one), on the kit's one schedule
+    :meth:`mimo_kit.rl.config.GARConfig.factor` (the same one the trainer's GAR step uses)."""
+    cfg = cfg or GARConfig()
+    return {rid: cfg.factor(i) for i, tier in enumerate(verdict.ranking) for rid in tier}
 
 
 @dataclasses.dataclass

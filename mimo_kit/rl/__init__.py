@@ -20,11 +20,13 @@ from mimo_kit.rl.advantages import (
     VerdictError,
     gar_advantages,
     gar_redistribute,
+    gar_step,
     grpo_advantages,
     grs_reward,
     quality_factors,
 )
 from mimo_kit.rl.aggregation import MODES, aggregate_loss, group_weight, token_weights
+from mimo_kit.rl.compose import STAGES, sequence_advantages, token_advantages
 from mimo_kit.rl.config import (
     AdvantageConfig,
     ClipConfig,
@@ -81,14 +83,15 @@ from mimo_kit.rl.trajectory import (
 )
 
 __all__ = [
-    "AdvantageConfig", "BrokenMarkupRule", "ClipConfig", "Context", "EntropyClipController", "Finding",
-    "GARConfig", "GARResult", "InfrastructureErrorRule", "LengthPenaltyConfig", "MODES", "MalformedArgumentsRule",
-    "PenaltyModule", "PenaltyReport", "PenaltyRulesConfig", "RLMathConfig", "RepeatedActionRule", "Sample",
-    "SamplingConfig", "SamplingResult", "Segment", "SegmentPenaltyConfig", "Sequence", "TrainBatch",
+    "AdvantageConfig", "BrokenMarkupRule", "ClipConfig", "Context", "EntropyClipController", "Finding", "GARConfig",
+    "GARResult", "InfrastructureErrorRule", "LengthPenaltyConfig", "MODES", "MalformedArgumentsRule",
+    "PenaltyModule", "PenaltyReport", "PenaltyRulesConfig", "RLMathConfig", "RepeatedActionRule", "STAGES",
+    "Sample", "SamplingConfig", "SamplingResult", "Segment", "SegmentPenaltyConfig", "Sequence", "TrainBatch",
     "TrajectoryError", "UnknownToolRule", "VerdictError", "aggregate_loss", "default_rules", "dynamic_sampling",
-    "entropy_adaptive_eps_high", "flatten", "gar_advantages", "gar_redistribute", "group_weight", "grpo_advantages",
-    "grs_reward", "keep_probability", "kl_k1", "kl_k3", "length_penalty", "load_jsonl", "mismatch_metrics",
-    "opd_batch_loss", "opd_loss", "ppo_clip_loss", "prefix_conditioned_context", "prompts_to_draw",
-    "quality_factors", "reverse_kl_exact", "reverse_kl_per_token", "route_teachers", "save_jsonl",
-    "segment_advantages", "teacher_logprobs", "token_entropy", "token_weights", "truncated_is_weights", "unflatten",
+    "entropy_adaptive_eps_high", "flatten", "gar_advantages", "gar_redistribute", "gar_step", "group_weight",
+    "grpo_advantages", "grs_reward", "keep_probability", "kl_k1", "kl_k3", "length_penalty", "load_jsonl",
+    "mismatch_metrics", "opd_batch_loss", "opd_loss", "ppo_clip_loss", "prefix_conditioned_context",
+    "prompts_to_draw", "quality_factors", "reverse_kl_exact", "reverse_kl_per_token", "route_teachers",
+    "save_jsonl", "segment_advantages", "sequence_advantages", "teacher_logprobs", "token_advantages",
+    "token_entropy", "token_weights", "truncated_is_weights", "unflatten",
 ]

@@ -8,22 +8,25 @@ GRS (Report §4.3, offline rubric synthesis) makes all-pass groups informative:
 
     R_i = R_test,i · S_sol,i · S_beh,i               R_test ∈ {0, 1}, rubric scores S ∈ [0, 1]
 
-GAR (Report §4.3, GAGAR) moves positive advantage mass from sloppy passes to better ones, keeping the total:
+GAR (Report §4.3, GAGAR) acts on mixed-outcome groups and moves positive advantage mass from sloppy passes to
+better ones, keeping the total. With P⁺ the passes whose advantage is positive:
 
-    P = {i : passed_i},  λ = Σ_P A_i / Σ_P f_i A_i,  A'_i = λ f_i A_i (i ∈ P),  A'_i = A_i (i ∉ P)
-    ⇒ Σ_P A'_i = Σ_P A_i, failures untouched.
+    λ = Σ_P⁺ A_i / Σ_P⁺ f_i A_i,  A'_i = λ f_i A_i (i ∈ P⁺),  A'_i = A_i (i ∉ P⁺)
+    ⇒ Σ_P⁺ A'_i = Σ_P⁺ A_i; failures and passes with A_i ≤ 0 untouched; 1 ≤ λ ≤ 1 / min f.
 
 Practical mode caps the magnification λ f_i at ``max_scale`` and subtracts the group mean again. The quality
-factors f_i ∈ (0, 1] come from the grader's ranking with ties (:func:`quality_factors`; the tier schedule is the
-kit's, ``GARConfig``). :func:`gar_advantages` is the whole online step: confirmed hacks are set to reward 0 and
-counted as failures *before* the group statistics, and an unusable verdict falls back to the GRPO advantages.
+factors f_i ∈ (0, 1] come from the grader's ranking with ties (:func:`quality_factors`) on the kit's one tier
+schedule, :meth:`GARConfig.factor <mimo_kit.rl.config.GARConfig.factor>`. :func:`gar_advantages` is the whole
+online step: confirmed hacks are set to reward 0 and counted as failures *before* the group statistics, and an
+unusable verdict falls back to the GRPO advantages. The order in which GRS, hacks, the length penalty, GRPO, GAR
+and the segment penalty compose is stated once, in :mod:`mimo_kit.rl.compose`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -82,17 +85,31 @@ def grs_reward(test_passed: Any, s_sol: Any, s_beh: Any) -> torch.Tensor:
 
 def gar_redistribute(advantages: Any, passed: Any, quality: Any, max_scale: float | None = None,
                      recenter: bool = False) -> torch.Tensor:
-    """Redistribute the passes' advantage by quality (Report §4.3). All inputs [G]; returns A' [G].
+    """Redistribute the passes' positive advantage by quality (Report §4.3). All inputs [G]; returns A' [G].
 
-    Uncapped (``max_scale=None``, ``recenter=False``), with P the passes:
+    GAR acts on mixed-outcome groups only, and only on the passes whose advantage is positive,
+    P⁺ = {i : passed_i, A_i > 0}. Uncapped (``max_scale=None``, ``recenter=False``):
 
-        λ = Σ_P A_i / Σ_P f_i A_i,   A'_i = λ f_i A_i on P,   A'_i = A_i off P   ⇒   Σ_P A'_i = Σ_P A_i
+        λ = Σ_P⁺ A_i / Σ_P⁺ f_i A_i,   A'_i = λ f_i A_i on P⁺,   A'_i = A_i elsewhere   ⇒   Σ_P⁺ A'_i = Σ_P⁺ A_i
+
+    f_i ∈ (0, 1] down-weights the lower-quality passes; the common λ gives the removed positive mass back, so the
+    best tier gains and the lowest tier of P⁺ loses. Because every A_i on P⁺ is positive, Σ_P⁺ f_i A_i ≥
+    min f · Σ_P⁺ A_i, so 1 ≤ λ ≤ 1 / min_P⁺ f_i: λ stays bounded however small the sums are.
+
+    Passes with A_i ≤ 0 (a shaped reward, e.g. the length penalty, can put a pass below the group mean) carry no
+    positive mass to move and are left as they are, like the failures. All-pass and all-fail groups, and groups
+    without a positive pass, are returned unchanged.
 
     Practical mode: the scale is capped, s_i = min(λ f_i, max_scale), and with ``recenter`` the group mean is
-    subtracted again, A' ← A' − mean(A'). Groups where redistribution is undefined (no pass,
-    Σ_P A_i ≤ 0 or Σ_P f_i A_i ≤ 0, e.g. passes that sit below the group mean) are returned unchanged.
+    subtracted again, A' ← A' − mean(A') (one common shift for the whole group, applied only when GAR acted).
     ``quality`` f_i must lie in (0, 1] on the passes (failures' entries are ignored).
     """
+    return gar_step(advantages, passed, quality, max_scale=max_scale, recenter=recenter)[0]
+
+
+def gar_step(advantages: Any, passed: Any, quality: Any, max_scale: float | None = None,
+             recenter: bool = False) -> tuple[torch.Tensor, float | None]:
+    """:func:`gar_redistribute` that also returns λ (``None`` when GAR left the group as it was)."""
     a = _vector(advantages, "gar_redistribute: advantages")
     p = _vector(passed, "gar_redistribute: passed", torch.bool).to(torch.bool)
     f = _vector(quality, "gar_redistribute: quality")
@@ -107,20 +124,20 @@ def gar_redistribute(advantages: Any, passed: Any, quality: Any, max_scale: floa
         raise ValueError(f"gar_redistribute: quality of passes must lie in (0, 1], got {bad.tolist()}")
     if max_scale is not None and not max_scale >= 1.0:
         raise ValueError(f"gar_redistribute: max_scale={max_scale}; expected >= 1 (or None for uncapped)")
-    ap = a[p].double()
-    total, weighted = ap.sum(), (fp.double() * ap).sum()
-    if p.sum() == 0 or total <= 0 or weighted <= 0:
-        out = a.clone()
-    else:
-        lam = total / weighted
-        scale = lam * fp.double()
-        if max_scale is not None:
-            scale = scale.clamp(max=max_scale)
-        out = a.clone()
-        out[p] = (scale * ap).to(a.dtype)
+    pos = p & (a > 0)  # P⁺: the passes that carry positive advantage mass
+    mixed = bool(p.any()) and not bool(p.all())
+    if not mixed or not bool(pos.any()):
+        return a.clone(), None
+    ap, fq = a[pos].double(), f[pos].double()
+    lam = ap.sum() / (fq * ap).sum()  # ∈ [1, 1/min f]: every term is positive
+    scale = lam * fq
+    if max_scale is not None:
+        scale = scale.clamp(max=max_scale)
+    out = a.clone()
+    out[pos] = (scale * ap).to(a.dtype)
     if recenter:
         out = out - out.mean()
-    return out
+    return out, float(lam)
 
 
 # ---- the grader's verdict → quality factors → GAR advantages ---------------------------------------------------
@@ -134,6 +151,7 @@ class GARResult:
     passed: torch.Tensor  # [G] effective outcomes (hacks → failed)
     quality: torch.Tensor  # [G] f_i (1 for failures)
     fallback: str | None  # why the verdict was unusable, or None
+    lam: float | None = None  # GAR's λ, or None when GAR left the group as it was
 
 
 class VerdictError(ValueError):
@@ -150,9 +168,11 @@ def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: f
 
     ``ranking`` is either tiers, best first (``[["b"], ["a", "d"], ["c"]]``: a and d tie), or a mapping
     id → score (higher is better; equal scores tie). Passes are ranked densely among themselves; the t-th tier
-    (t = 0 for the best) gets f = max(min_factor, tier_decay^t). Failures get f = 1 (unused by GAR).
-    Raises :class:`VerdictError` when a pass is missing, an id is unknown or repeated, or a score is not finite.
+    (t = 0 for the best) gets f = max(min_factor, tier_decay^t) (:meth:`GARConfig.factor`). Failures get f = 1
+    (unused by GAR). Raises :class:`VerdictError` when a pass is missing, an id is unknown or repeated, or a score
+    is not finite.
     """
+    schedule = dataclasses.replace(GAR, tier_decay=tier_decay, min_factor=min_factor)
     ids = list(ids)
     p = torch.as_tensor(passed, dtype=torch.bool)
     if len(ids) != p.numel():
@@ -194,23 +214,25 @@ def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: f
         if not members:
             continue
         for k in members:
-            f[ids.index(k)] = max(min_factor, tier_decay ** tier)
+            f[ids.index(k)] = schedule.factor(tier)
         tier += 1
     return f
 
 
 def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, group_id: str | None = None, *,
-                   cfg: Any = None, scale_std: bool = ADV.scale_std, practical: bool = True) -> GARResult:
+                   cfg: Any = None, scale_std: bool = ADV.scale_std, practical: bool = True,
+                   shape_rewards: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> GARResult:
     """The online GAR step for one group (Report §4.3). ``rewards``/``passed`` [G], ``ids`` G trajectory ids.
 
     ``verdict`` is the group grader's output, a mapping or object with ``ranking`` (tiers or scores, see
     :func:`quality_factors`), ``hacks`` (ids of confirmed hacks) and optionally ``group_id``:
 
-    1. confirmed hacks → reward 0 and failed, *before* statistics;  2. A = GRPO(rewards);
-    3. f_i from the ranking;  4. A' = gar_redistribute(A, passed, f) (practical: capped and re-centred).
+    1. confirmed hacks → reward 0 and failed, *before* statistics;  2. ``shape_rewards(r, passed)`` if given
+    (the length penalty, :mod:`mimo_kit.rl.compose`);  3. A = GRPO(rewards);  4. f_i from the ranking;
+    5. A' = gar_redistribute(A, passed, f) on mixed groups (practical: capped and re-centred).
 
     An unusable verdict (None, wrong group, unknown/missing/repeated ids, non-finite scores) returns the GRPO
-    advantages of the original rewards unchanged, with ``fallback`` saying why.
+    advantages of the original (shaped) rewards unchanged, with ``fallback`` saying why.
     """
     cfg = cfg or GAR
     r = _vector(rewards, "gar_advantages: rewards")
@@ -218,7 +240,10 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
     if r.shape != p.shape or len(ids) != r.numel():
         raise ValueError(f"gar_advantages: rewards {tuple(r.shape)}, passed {tuple(p.shape)} and {len(ids)} ids "
                          "must have the same length")
-    base = grpo_advantages(r, scale_std)
+
+    def shaped(rew: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        return rew if shape_rewards is None else torch.as_tensor(shape_rewards(rew, ok), dtype=torch.float32)
+
     ones = torch.ones_like(r)
     try:
         if verdict is None:
@@ -235,11 +260,14 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
         p_eff = p & ~hack
         f = quality_factors(_get(verdict, "ranking"), ids, p_eff, cfg.tier_decay, cfg.min_factor)
     except VerdictError as e:
-        return GARResult(base, base, r, p, ones, fallback=str(e))
+        r0 = shaped(r, p)
+        base = grpo_advantages(r0, scale_std)
+        return GARResult(base, base, r0, p, ones, fallback=str(e))
+    r_eff = shaped(r_eff, p_eff)
     a = grpo_advantages(r_eff, scale_std)
     if int(p_eff.sum()) < cfg.min_passed:
-        out = a
+        out, lam = a, None
     else:
-        out = gar_redistribute(a, p_eff, f, max_scale=cfg.max_scale if practical else None,
-                               recenter=cfg.recenter and practical)
-    return GARResult(out, a, r_eff, p_eff, f, fallback=None)
+        out, lam = gar_step(a, p_eff, f, max_scale=cfg.max_scale if practical else None,
+                            recenter=cfg.recenter and practical)
+    return GARResult(out, a, r_eff, p_eff, f, fallback=None, lam=lam)

@@ -41,6 +41,17 @@ class GARConfig(Config):
 
     PRESETS = {"tiny": {}}
 
+    def factor(self, tier: int) -> float:
+        """The kit's one quality-factor schedule: f = max(min_factor, tier_decay^t) for tier t (0 = best).
+
+        The report fixes only f_i ∈ (0, 1] and that lower-quality passes are down-weighted; a geometric decay
+        keeps each tier a constant fraction of the one above, and the floor keeps a correct pass from being
+        erased (it also bounds GAR's λ ≤ 1 / min_factor). Ties share a tier and so a factor.
+        """
+        if isinstance(tier, bool) or not isinstance(tier, int) or tier < 0:
+            raise ValueError(f"GARConfig.factor: tier={tier!r}; expected an integer >= 0 (0 = the best tier)")
+        return max(self.min_factor, self.tier_decay ** tier)
+
 
 @dataclasses.dataclass
 class LengthPenaltyConfig(Config):

@@ -42,8 +42,8 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
-from mimo_kit.rl.advantages import gar_advantages, grpo_advantages, grs_reward
 from mimo_kit.rl.aggregation import aggregate_loss
+from mimo_kit.rl.compose import sequence_advantages, token_advantages
 from mimo_kit.rl.config import ClipConfig
 from mimo_kit.rl.losses import (
     EntropyClipController,
@@ -52,7 +52,6 @@ from mimo_kit.rl.losses import (
     token_entropy,
     truncated_is_weights,
 )
-from mimo_kit.rl.penalties import length_penalty, segment_advantages
 from mimo_kit.rl.sampling import dynamic_sampling
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
 from mimo_kit.rl.trajectory import Sample, flatten
@@ -61,7 +60,7 @@ from mimo_kit.rl.world import grade_group, make_tasks, play
 
 @dataclasses.dataclass
 class RLConfig(Config):
-    """SFT warm start + RL on the toy world. Every switch of issue 8 is a field; an unsupported one raises."""
+    """SFT warm start + RL on the toy world. Every switch of the RL recipe is a field; an unsupported one raises."""
 
     policy: PolicyConfig = knob(default_factory=PolicyConfig, why="the toy policy's shape")
     sft: SFTConfig = knob(default_factory=SFTConfig, why="the warm start")
@@ -128,33 +127,24 @@ def toy_rubric(seq) -> tuple[float, float]:
     return 1.0 / (1 + seq.metadata["needless_edits"]), 1.0 if seq.metadata.get("verified") else 0.5
 
 
-def sequence_rewards(sample: Sample, cfg: RLConfig) -> list[float]:
-    """Rewards of one group: pass/fail, or GRS; plus the length penalty on long successes when switched on."""
-    passed = [bool(q.passed) for q in sample.sequences]
-    if cfg.advantage == "grs":
-        sol, beh = zip(*(toy_rubric(q) for q in sample.sequences))
-        r = grs_reward(passed, list(sol), list(beh))
-    else:
-        r = torch.tensor([float(q.reward) for q in sample.sequences])
-    if cfg.length_penalty:
-        lengths = [max(1, sum(len(seg) for seg in q.contexts[0].segments if seg.trainable)) for q in sample.sequences]
-        r = r + length_penalty(lengths, passed)
-    return r.tolist()
-
-
 def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[float]], list[list[float]], list[dict]]:
-    """Per sample: rewards and per-sequence advantages (GRPO on them, or GAR with the rule-based group grader)."""
+    """Per sample: effective rewards and per-sequence advantages, composed in the kit's one order
+    (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR)."""
     rewards, advs, logs = [], [], []
     for s in samples:
-        r = sequence_rewards(s, cfg)
-        rewards.append(r)
-        if cfg.advantage == "gar":
-            ids = [q.sequence_id for q in s.sequences]
-            res = gar_advantages(r, [bool(q.passed) for q in s.sequences], ids, grade_group(s))
-            advs.append(res.advantages.tolist())
-            logs.append({"fallback": res.fallback})
-        else:
-            advs.append(grpo_advantages(r).tolist())
+        seqs = s.sequences
+        passed = [bool(q.passed) for q in seqs]
+        res = sequence_advantages(
+            passed,
+            rewards=None if cfg.advantage == "grs" else [float(q.reward) for q in seqs],
+            rubric=tuple(map(list, zip(*(toy_rubric(q) for q in seqs)))) if cfg.advantage == "grs" else None,
+            lengths=[max(1, sum(len(seg) for seg in q.contexts[0].segments if seg.trainable)) for q in seqs]
+            if cfg.length_penalty else None,
+            gar=cfg.advantage == "gar", verdict=grade_group(s) if cfg.advantage == "gar" else None,
+            ids=[q.sequence_id for q in seqs])
+        rewards.append(res.rewards.tolist())
+        advs.append(res.advantages.tolist())
+        logs.append({"fallback": res.fallback, "lam": res.lam})
     return rewards, advs, logs
 
 
@@ -202,7 +192,7 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
     if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
         passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
-        adv = segment_advantages(adv, batch.error_mask, batch.loss_mask, passed)[:, 1:]  # [B, T−1]
+        adv = token_advantages(adv, batch.error_mask, batch.loss_mask, passed)[:, 1:]  # [B, T−1]
     rollout_lp = batch.logprobs[:, 1:].float()
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
     with qdq:
