@@ -2,6 +2,7 @@
 
     mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
     mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/
+    mimo-kit results                                 # publish the newest runs into the committed data/ files
     mimo-kit list                                    # registered experiments
     mimo-kit presets                                 # the scale knobs
     mimo-kit env-check                               # OK/FAIL per dependency
@@ -16,8 +17,6 @@ import time
 from pathlib import Path
 
 from mimo_kit.config.base import PRESET_NAMES, ConfigError
-
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def _jsonable(obj):
@@ -43,13 +42,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{exp.name}/{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     cfg.to_yaml(out / "config.yaml")
+    meta = {"experiment": exp.name, "preset": None if args.config else args.preset,
+            "config": args.config, "overrides": list(args.overrides),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "finished": None}
+    (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
     result = exp(cfg)
     text = json.dumps(_jsonable(result), indent=2)
     (out / "result.json").write_text(text + "\n")
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
     print(text if len(text) < 4000 else text[:4000] + "\n…")
     print(f"result → {out / 'result.json'}")
+    if exp.publishes:
+        print(f"publish it to data/ with: mimo-kit results {exp.name}")
     return 0
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from mimo_kit.results import publish, publishing
+
+    if args.list:
+        for name, exp in publishing().items():
+            print(f"{name:<24} → " + ", ".join(f"data/{p.dest}" for p in exp.publishes))
+        return 0
+    try:
+        done, missing = publish(args.names, runs=args.runs, preset=args.preset, dry_run=args.dry_run)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"mimo-kit: error: {e}", file=sys.stderr)
+        return 2
+    verb = "would write" if args.dry_run else "wrote"
+    for p in done:
+        extra = f" (overrides: {' '.join(p.overrides)})" if p.overrides else ""
+        print(f"{verb} {p.dest} ← {p.source}{extra}")
+    for cmd in missing:
+        print(f"no finished run; make one with: {cmd}", file=sys.stderr)
+    return 1 if missing and args.names else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -75,9 +103,9 @@ def cmd_env_check(args: argparse.Namespace) -> int:
 
 
 def cmd_course(args: argparse.Namespace) -> int:
-    from mimo_kit.course import run_course
+    from mimo_kit.course import NOTEBOOK_DIR, run_course
 
-    runs = run_course(args.out, directory=Path(args.notebooks), quick=not args.full, preset=args.preset,
+    runs = run_course(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), quick=not args.full, preset=args.preset,
                       timeout=args.timeout, only=args.only)
     failed = [r.name for r in runs if not r.ok]
     print(f"course: {len(runs) - len(failed)}/{len(runs)} chapters ok → {Path(args.out) / 'index.html'}")
@@ -109,12 +137,20 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_run)
 
     sub.add_parser("list", help="registered experiments").set_defaults(fn=cmd_list)
+
+    res = sub.add_parser("results", help="publish the newest finished runs into the committed data/ files")
+    res.add_argument("names", nargs="*", metavar="EXPERIMENT", help="default: every experiment that publishes")
+    res.add_argument("--runs", default="runs", help="folder of runs (default runs/)")
+    res.add_argument("--preset", choices=PRESET_NAMES, help="only runs of this preset (default: the newest of each)")
+    res.add_argument("--dry-run", action="store_true", help="say what would be written, write nothing")
+    res.add_argument("--list", action="store_true", help="which experiments publish which files")
+    res.set_defaults(fn=cmd_results)
     sub.add_parser("presets", help="the scale knobs").set_defaults(fn=cmd_presets)
     sub.add_parser("env-check", help="OK/FAIL per dependency").set_defaults(fn=cmd_env_check)
 
     c = sub.add_parser("course", help="execute every chapter notebook → runs/course/index.html")
     c.add_argument("--out", default="runs/course")
-    c.add_argument("--notebooks", default=str(NOTEBOOK_DIR), help="folder of chapter notebooks")
+    c.add_argument("--notebooks", help="folder of chapter notebooks (default: the kit's notebooks/)")
     c.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
     c.add_argument("--full", action="store_true", help="quick mode off")
     c.add_argument("--only", help="only chapters whose name contains this")

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import nbformat
 
-from mimo_kit.cli import NOTEBOOK_DIR
+#: The chapter notebooks of a checkout of the kit.
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 
 
 @dataclasses.dataclass

@@ -7,7 +7,11 @@ call the same function with the same config::
     def run_scale_knobs(cfg: ScaleKnobsConfig) -> dict: ...
 
 Registration happens on import. :func:`discover` imports every ``mimo_kit.<subpackage>.experiments`` module,
-so a later chapter adds a function and a config and nothing else.
+so a later chapter adds a function and a config and nothing else; this module imports none of them.
+
+An experiment whose result the notebooks plot from a committed file names it with ``publishes``
+(:class:`Publication`); ``mimo-kit results`` (:mod:`mimo_kit.results`) copies it there from a finished run.
+Running an experiment never writes into the shipped ``data/``.
 """
 
 from __future__ import annotations
@@ -23,12 +27,22 @@ from mimo_kit.config.base import Config, ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
+class Publication:
+    """A committed file made from a run's ``result.json``: ``dest`` under ``data/`` (``{preset}`` is filled in);
+    ``render`` turns the result into the file's text (``None``: the result as JSON)."""
+
+    dest: str
+    render: Callable[[dict], str] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Experiment:
     name: str
     config_cls: type[Config]
     fn: Callable[[Any], Any]
     chapter: str
     summary: str
+    publishes: tuple[Publication, ...] = ()
 
     def config(self, preset: str = "tiny", overrides: list[str] | tuple[str, ...] | dict[str, Any] = ()) -> Config:
         """The experiment's config for ``preset`` with dotted overrides applied."""
@@ -45,22 +59,23 @@ class Experiment:
 _REGISTRY: dict[str, Experiment] = {}
 
 
-def experiment(name: str, config_cls: type[Config], *, chapter: str) -> Callable:
-    """Decorator: register ``fn(cfg) -> result`` as experiment ``name`` of ``chapter`` (e.g. ``"ch02a"``)."""
+def experiment(name: str, config_cls: type[Config], *, chapter: str,
+               publishes: tuple[Publication, ...] = ()) -> Callable:
+    """Decorator: register ``fn(cfg) -> result`` as experiment ``name`` of ``chapter`` (e.g. ``"ch02a"``);
+    ``publishes``: the committed files ``mimo-kit results`` makes from its runs."""
 
     def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if name in _REGISTRY and _REGISTRY[name].fn.__qualname__ != fn.__qualname__:
             raise ValueError(f"experiment {name!r} is registered twice ({_REGISTRY[name].fn.__module__})")
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
-        _REGISTRY[name] = Experiment(name, config_cls, fn, chapter, summary)
+        _REGISTRY[name] = Experiment(name, config_cls, fn, chapter, summary, tuple(publishes))
         return fn
 
     return register
 
 
 def discover() -> dict[str, Experiment]:
-    """Import every ``mimo_kit.*.experiments`` module (and ``mimo_kit.intro``) and return the registry."""
-    importlib.import_module("mimo_kit.intro")
+    """Import every ``mimo_kit.<subpackage>.experiments`` module and return the registry."""
     for info in pkgutil.iter_modules(mimo_kit.__path__):
         if info.ispkg and importlib.util.find_spec(f"mimo_kit.{info.name}.experiments") is not None:
             importlib.import_module(f"mimo_kit.{info.name}.experiments")

@@ -1,8 +1,9 @@
-"""From a notebook cell to a shell command to a cluster job.
+"""From a notebook cell to a shell command to a ``torchrun`` command line.
 
 A cell holds a config; :func:`shell_command` writes the ``mimo-kit run`` line that reproduces it (only the keys
-that differ from the preset); :func:`torchrun_command` wraps the same line for N processes on M nodes, where
-``torch.distributed`` picks up the ranks (one process when ``torchrun`` is dropped, as in nanochat).
+that differ from the preset); :func:`torchrun_command` wraps the same line for N processes on M nodes. The kit's
+training loops run in one process today and do not yet read the ranks ``torchrun`` sets, so that line starts
+independent copies; sharded multi-process training (FSDP2) is planned.
 """
 
 from __future__ import annotations

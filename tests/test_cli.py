@@ -9,7 +9,7 @@ from mimo_kit import experiments, launch
 from mimo_kit.cli import main
 from mimo_kit.config import ConfigError
 from mimo_kit.config.base import parse_assignments
-from mimo_kit.intro import ScaleKnobsConfig
+from mimo_kit.intro.experiments import ScaleKnobsConfig
 
 
 def test_run_writes_config_and_result(tmp_path, capsys):

@@ -1,11 +1,11 @@
-"""Rollout engines: one protocol, an in-process default (Report §6 "Engines", DESIGN.md "Infrastructure").
+"""Rollout engines: one protocol, an in-process default (Report §6 "Engines", docs/design.md "Infrastructure").
 
 The trainer talks to inference only through :class:`RolloutEngine`:
 
 - ``generate(requests)`` → one :class:`GenerationOutput` per request: generated token ids, the rollout logprob of
   each (log softmax(z/T) before truncation, the quantity TIS and the mismatch metrics need), the finish reason
-  (``"stop"`` | ``"length"`` | ``"abort"``), the **policy version stamped at dispatch** (DESIGN.md lessons: stamping at
-  completion under-counts staleness), and optionally the routed experts of every input position (R3) and the
+  (``"stop"`` | ``"length"`` | ``"abort"``), the **policy version stamped at dispatch** (docs/design.md lessons:
+  stamping at completion under-counts staleness), and optionally the routed experts of every input position (R3) and the
   top-p candidate set of every generated token (top-p candidate replay, Report §6.1);
 - ``update_weights(state_dict, version)`` loads new policy weights and moves the version;
 - ``abort()`` cuts every in-flight request at the next decode step (partial rollout, Report §4.1): the outputs come

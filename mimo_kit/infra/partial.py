@@ -1,5 +1,5 @@
 """Asynchronous partial rollouts with a staleness bound (Report §4.1, §5: "asynchronous partial rollout,
-staleness 4"; DESIGN.md "RL").
+staleness 4"; docs/design.md "RL").
 
 The rollout side keeps more groups in flight than one batch needs and advances them a turn at a time. Rules:
 

@@ -1,6 +1,6 @@
 """Sampling with the KV cache: greedy, temperature, top-k and top-p, returning what RL needs per token.
 
-Per generated token the kit keeps (DESIGN "token-in/token-out", Report §6):
+Per generated token the kit keeps (docs/design.md "token-in/token-out", Report §6):
 - the token id and its **logprob** under the sampling distribution before truncation, log softmax(z / T);
 - optionally the **top-p candidate set**: the token ids that survived top-k/top-p truncation, so training can
   renormalise over exactly that set (top-p candidate replay);

@@ -2,7 +2,7 @@
 
 Report §3: for large-batch mixed RL, AdamW became inefficient, so MiMo-V2.6 moves its hidden weight matrices to
 **Muown**, "Muon-style orthogonalised updates with explicit per-row norm control", and keeps embeddings, LM head
-and router on AdamW. The report gives no formula; the kit's definition (DESIGN.md "Optimiser") is
+and router on AdamW. The report gives no formula; the kit's definition (docs/design.md "Optimiser") is
 
 .. math::
     W = g \\odot \\frac{v}{\\lVert v \\rVert_{row}},

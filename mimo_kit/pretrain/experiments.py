@@ -4,17 +4,17 @@
     mimo-kit run optimizer-compare --preset tiny        # AdamW vs Muon vs Muown
     mimo-kit run optimizer-switch --preset tiny         # AdamW → Muown mid-run
     mimo-kit run ptq-vs-qat --preset tiny               # MXFP4 experts after training vs QAT
-    mimo-kit run ch03-tables --preset tiny              # all three → data/pretrain/results_tiny.{md,json}
+    mimo-kit run ch03-tables --preset tiny              # all three in one result (runs/ch03-tables/<time>/)
+    mimo-kit results ch03-tables                        # publish it → data/pretrain/results_tiny.{md,json}
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.experiments import experiment
+from mimo_kit.experiments import Publication, experiment
 from mimo_kit.pretrain.config import PretrainConfig
 from mimo_kit.pretrain.loop import run_pretrain
 from mimo_kit.pretrain.studies import (
@@ -25,8 +25,10 @@ from mimo_kit.pretrain.studies import (
     optimizer_switch,
     ptq_vs_qat,
 )
+from mimo_kit.results import DATA_DIR
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "pretrain"
+#: The committed chapter-3 results the notebook plots (written only by ``mimo-kit results ch03-tables``).
+RESULTS_DIR = DATA_DIR / "pretrain"
 
 
 @experiment("pretrain", PretrainConfig, chapter="ch03")
@@ -58,8 +60,7 @@ class TablesConfig(Config):
     compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
     switch: SwitchConfig = dataclasses.field(default_factory=SwitchConfig)
     qat: QATConfig = dataclasses.field(default_factory=QATConfig)
-    out_dir: str = knob("", "where results_<preset>.md/.json go; '' = the kit's data/pretrain")
-    preset_name: str = knob("tiny", "names the output files")
+    preset_name: str = knob("tiny", "recorded in the result: which preset's runs these are")
 
     PRESETS = {"tiny": {}, "small": {"preset_name": "small"}}
 
@@ -71,7 +72,8 @@ def tables_markdown(results: dict) -> str:
     c, s, q = results["compare"], results["switch"], results["qat"]
     return "\n".join([
         f"# Chapter 3 results ({results['preset']} preset)", "",
-        f"Produced by `mimo-kit run ch03-tables --preset {results['preset']}`; CPU, shared machine, so the "
+        f"Produced by `mimo-kit run ch03-tables --preset {results['preset']}` and published with "
+        "`mimo-kit results ch03-tables`; CPU, shared machine, so the "
         "wall-clock columns are indicative only (`benchmarks/RESULTS_optim.md` times the optimiser steps alone).",
         "", f"## AdamW vs Muon vs Muown ({c['steps']} steps, {c['tokens']:,} tokens, same init and batches)", "",
         markdown_table(c["rows"]), "",
@@ -81,16 +83,13 @@ def tables_markdown(results: dict) -> str:
         markdown_table(q["rows"]), ""])
 
 
-@experiment("ch03-tables", TablesConfig, chapter="ch03")
+@experiment("ch03-tables", TablesConfig, chapter="ch03",
+            publishes=(Publication("pretrain/results_{preset}.json"),
+                       Publication("pretrain/results_{preset}.md", tables_markdown)))
 def ch03_tables(cfg: TablesConfig) -> dict:
-    """Run the three chapter-3 studies and write data/pretrain/results_<preset>.{md,json} (committed)."""
-    results = {"preset": cfg.preset_name, "compare": compare_optimizers(cfg.compare),
-               "switch": optimizer_switch(cfg.switch), "qat": ptq_vs_qat(cfg.qat), "config": cfg.to_dict()}
-    out = Path(cfg.out_dir) if cfg.out_dir else RESULTS_DIR
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"results_{cfg.preset_name}.md").write_text(tables_markdown(results))
-    (out / f"results_{cfg.preset_name}.json").write_text(json.dumps(results, indent=1) + "\n")
-    return {k: (v["rows"] if isinstance(v, dict) and "rows" in v else v) for k, v in results.items()}
+    """Run the three chapter-3 studies: one result with every table and log (published to data/pretrain/)."""
+    return {"preset": cfg.preset_name, "compare": compare_optimizers(cfg.compare),
+            "switch": optimizer_switch(cfg.switch), "qat": ptq_vs_qat(cfg.qat), "config": cfg.to_dict()}
 
 
 def load_results(preset: str = "tiny") -> dict:

@@ -1,4 +1,4 @@
-"""Loss aggregation: token-mean, seq-mean, prompt-mean, exact under micro-batching (Report §5, DESIGN.md "RL").
+"""Loss aggregation: token-mean, seq-mean, prompt-mean, exact under micro-batching (Report §5, docs/design.md "RL").
 
 With ℓ_{i,t} the per-token loss, m_{i,t} the loss mask, |o_i| = Σ_t m_{i,t} the trained tokens of row i, N the
 rows, g(i) the group (prompt) of row i, G the groups and |o_g| = Σ_{i∈g} |o_i|:

@@ -1,7 +1,7 @@
 """Every constant of the RL math, as named config fields with the kit's default and the reason (Report §4–5).
 
 The report publishes the shape of each mechanism (GRPO, GRS, GAR, length and segment penalties, entropy-adjusted
-clipping, prompt-mean aggregation, MOPD²) but few of its constants. DESIGN.md "Principles": every unpublished
+clipping, prompt-mean aggregation, MOPD²) but few of its constants. docs/design.md "Principles": every unpublished
 constant is a :func:`~mimo_kit.config.base.knob` here, and the pure functions of :mod:`mimo_kit.rl` take their
 defaults from these dataclasses, so this file is the one place a value lives. ``RLMathConfig().describe()`` prints
 them all with their reasons.

@@ -7,14 +7,15 @@
     mimo-kit run rl-aggregation --preset tiny           # token-mean vs prompt-mean; dynamic sampling on/off
     mimo-kit run rl-partial-rollout --preset tiny       # synchronous vs staleness 1 / 4 (§4.1)
 
-Each comparison trains one SFT policy and starts every arm from it (same seed, same task stream), writes
-``data/rl/<name>_<preset>.json`` and returns the per-step histories the notebooks plot.
+Each comparison trains one SFT policy and starts every arm from it (same seed, same task stream), keeps the
+arms' run folders under ``runs/<experiment>/<arm>/`` and returns the per-step histories the notebooks plot.
+``mimo-kit results`` publishes a finished run's result as ``data/rl/<name>_<preset>.json`` (:data:`RESULTS_DIR`,
+read by chapter 5a); running an experiment never writes there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,11 +23,13 @@ from typing import Any
 import torch
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.experiments import experiment
+from mimo_kit.experiments import Publication, experiment
+from mimo_kit.results import DATA_DIR
 from mimo_kit.rl.trainer import RLConfig, run_rl, torch_threads
 from mimo_kit.rl.world import expert_dataset, make_tasks
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent.parent / "data" / "rl"
+#: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
+RESULTS_DIR = DATA_DIR / "rl"
 
 
 @experiment("rl", RLConfig, chapter="ch04a")
@@ -41,17 +44,21 @@ class CompareConfig(Config):
     """Arms of one comparison share the base run's settings, its SFT policy and its task stream."""
 
     base: RLConfig = knob(default_factory=RLConfig, why="settings every arm starts from")
-    out_dir: str = knob("runs/rl-compare", "one sub-folder per arm; the shared sft.pt sits at the top")
-    save: bool = knob(True, "write data/rl/<name>_<preset>.json (the notebooks' saved full runs)")
-    preset_name: str = knob("tiny", "names the saved file")
+    out_dir: str = knob("runs", "runs/<experiment>/<arm>/ per arm; the shared sft.pt sits in runs/<experiment>/")
+    preset_name: str = knob("tiny", "recorded in the result: which preset's runs these are")
 
     PRESETS = {"tiny": {"base": {"eval_tasks": 64, "checkpoint_every": 0}},
                "small": {"preset_name": "small", "base": {"eval_tasks": 128, "checkpoint_every": 0}}}
 
 
+def arms_dir(cfg: CompareConfig, name: str) -> Path:
+    """The folder of comparison ``name`` (e.g. ``"gar_ablation"``): runs/rl-gar-ablation/ by default."""
+    return Path(cfg.out_dir) / f"rl-{name.replace('_', '-')}"
+
+
 def compare(cfg: CompareConfig, arms: dict[str, dict[str, Any]], name: str) -> dict:
     """Run every arm (overrides of ``cfg.base``) from one SFT policy; histories and held-out evals per arm."""
-    top = Path(cfg.out_dir) / name
+    top = arms_dir(cfg, name)
     top.mkdir(parents=True, exist_ok=True)
     sft_run = run_rl(dataclasses.replace(cfg.base, out_dir=str(top), steps=0, eval_tasks=0))
     out: dict[str, Any] = {"name": name, "preset": cfg.preset_name, "arms": {}, "base": cfg.base.to_dict()}
@@ -71,12 +78,13 @@ def compare(cfg: CompareConfig, arms: dict[str, dict[str, Any]], name: str) -> d
     return out
 
 
-def _save(res: dict, cfg: CompareConfig) -> dict:
-    clean = {k: v for k, v in res.items() if not k.startswith("_")}
-    if cfg.save:
-        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-        (RESULTS_DIR / f"{res['name']}_{cfg.preset_name}.json").write_text(json.dumps(clean, indent=1))
-    return clean
+def _result(res: dict) -> dict:
+    """The comparison's result without the in-memory models: what ``mimo-kit results`` publishes."""
+    return {k: v for k, v in res.items() if not k.startswith("_")}
+
+
+def _published(name: str) -> tuple[Publication, ...]:
+    return (Publication(f"rl/{name}_{{preset}}.json"),)
 
 
 def late_mean(history: list[dict], key: str, frac: float = 0.5) -> float:
@@ -85,11 +93,11 @@ def late_mean(history: list[dict], key: str, frac: float = 0.5) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-@experiment("rl-gar-ablation", CompareConfig, chapter="ch05a")
+@experiment("rl-gar-ablation", CompareConfig, chapter="ch05a", publishes=_published("gar_ablation"))
 def gar_ablation(cfg: CompareConfig) -> dict:
     """Binary reward (GRPO) vs GAR with the rule-based group grader: pass rate, turns, tokens, needless edits."""
     res = compare(cfg, {"binary": {"advantage": "grpo"}, "gar": {"advantage": "gar"}}, "gar_ablation")
-    return _save(res, cfg)
+    return _result(res)
 
 
 # ---- router freezing and the reset test (Report §5.4) ----------------------------------------------------------------
@@ -107,7 +115,7 @@ def probe_loads(model, n_tasks: int = 64, seed: int = 4242) -> dict[str, list[fl
     return {k: [round(float(x), 4) for x in v] for k, v in m.items()}
 
 
-@experiment("rl-router-freeze", CompareConfig, chapter="ch05a")
+@experiment("rl-router-freeze", CompareConfig, chapter="ch05a", publishes=_published("router_freeze"))
 def router_freeze(cfg: CompareConfig) -> dict:
     """Trainable vs frozen router: load CV, max/mean, cold share; then restore only the router (reset test)."""
     res = compare(cfg, {"frozen": {"freeze_router": True}, "trainable": {"freeze_router": False}}, "router_freeze")
@@ -119,19 +127,19 @@ def router_freeze(cfg: CompareConfig) -> dict:
         model.load_state_dict({**model.state_dict(), **init_router})  # restore only the router weights
         probe["trainable_router_reset"] = probe_loads(model)
     res["probe"] = probe
-    return _save(res, cfg)
+    return _result(res)
 
 
-@experiment("rl-aggregation", CompareConfig, chapter="ch05a")
+@experiment("rl-aggregation", CompareConfig, chapter="ch05a", publishes=_published("aggregation"))
 def aggregation(cfg: CompareConfig) -> dict:
     """token-mean vs prompt-mean on length growth; dynamic sampling on/off (kept fraction, signal)."""
     arms = {"prompt-mean": {"loss_agg": "prompt-mean"}, "token-mean": {"loss_agg": "token-mean"},
             "prompt-mean-no-ds": {"loss_agg": "prompt-mean", "dynamic_sampling": False}}
-    return _save(compare(cfg, arms, "aggregation"), cfg)
+    return _result(compare(cfg, arms, "aggregation"))
 
 
-@experiment("rl-partial-rollout", CompareConfig, chapter="ch05a")
+@experiment("rl-partial-rollout", CompareConfig, chapter="ch05a", publishes=_published("partial_rollout"))
 def partial_rollout(cfg: CompareConfig) -> dict:
     """Synchronous vs asynchronous partial rollouts with staleness 1 and 4: samples/s vs off-policy mismatch."""
     arms = {"sync": {"staleness": 0}, "staleness-1": {"staleness": 1}, "staleness-4": {"staleness": 4}}
-    return _save(compare(cfg, arms, "partial_rollout"), cfg)
+    return _result(compare(cfg, arms, "partial_rollout"))

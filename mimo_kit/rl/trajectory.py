@@ -8,9 +8,9 @@
 
 Only segments the policy generated (``role == "assistant"`` and ``source == "policy"``) enter the loss (Report
 §6.1). A generated segment keeps, per token, the rollout logprob and the policy version that produced it (stamped
-at dispatch, DESIGN.md lessons), and optionally the routed experts (R3) and the top-p candidate set. Training never
+at dispatch, docs/design.md lessons), and optionally the routed experts (R3) and the top-p candidate set. Training never
 re-tokenises: :func:`flatten` lays the stored token ids into padded tensors and :func:`unflatten` rebuilds the
-same trajectories from those tensors (DESIGN.md: token-in/token-out).
+same trajectories from those tensors (docs/design.md: token-in/token-out).
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
 """Chapter 1: the report's map, its three scaling axes, and the kit's scale knobs (Report §1).
 
-The tables here are the report's numbers as data (REPORT.md), so the introduction notebook, the CLI and the
-tests read one copy. ``scale-knobs`` is the chapter's experiment: the model shape of every preset, side by side.
+The tables here are the report's numbers as data, so the introduction notebook, the CLI and the tests read one
+copy. ``scale-knobs`` (:mod:`mimo_kit.intro.experiments`) is the chapter's experiment: the model shape of every
+preset, side by side.
 """
 
 from __future__ import annotations
 
-import dataclasses
-
-from mimo_kit.config.base import Config, knob
 from mimo_kit.config.kit import KitConfig
-from mimo_kit.experiments import experiment
 
 #: Report §1: RL is scaled along three axes at once.
 SCALING_AXES = {
@@ -22,7 +19,7 @@ SCALING_AXES = {
 #: Report chapters → the kit's notebooks and packages.
 CHAPTERS = [
     {"chapter": "1 Introduction", "notebook": "ch01_introduction", "package": "mimo_kit.intro",
-     "mechanisms": "three scaling axes, presets, config → command → cluster job"},
+     "mechanisms": "three scaling axes, presets, config → command → torchrun command line"},
     {"chapter": "2 Architecture", "notebook": "ch02a_architecture", "package": "mimo_kit.model",
      "mechanisms": "hybrid SWA/GA attention with sinks, sigmoid-router MoE, KV cache, parameter counts"},
     {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.spec",
@@ -37,7 +34,8 @@ CHAPTERS = [
     {"chapter": "4.3 Groupwise agentic grading", "notebook": "ch04c_groupwise_grading", "package": "mimo_kit.rl",
      "mechanisms": "GRS, GAR, length and segment penalties, loss aggregation"},
     {"chapter": "5 Experiments", "notebook": "ch05a_rl_experiments", "package": "mimo_kit.rl",
-     "mechanisms": "GAR ablation, router freezing, entropy-adaptive clipping, MOPD²"},
+     "mechanisms": "GAR ablation, router freezing and the reset test, loss aggregation and dynamic sampling, "
+                   "partial rollouts"},
     {"chapter": "6 Infrastructure", "notebook": "ch06_infrastructure", "package": "mimo_kit.infra",
      "mechanisms": "Sample Mixer, harness pool, payload porter, QDQ / R3 / top-p replay, SGLang engine"},
     {"chapter": "7 Open foundations", "notebook": "ch07_distill", "package": "mimo_kit.distill",
@@ -63,21 +61,6 @@ RL_COST = {"pro_usd": 2.6e6, "flash_usd": 0.9e6, "pro_split": {"rollout": 43.8, 
 REPORTED_SIZES = {"flash": (310e9, 15e9), "pro": (1.02e12, 42e9)}
 
 
-@dataclasses.dataclass
-class ScaleKnobsConfig(Config):
-    """Which presets to lay side by side."""
-
-    names: tuple[str, ...] = knob(("tiny", "small", "flash", "pro"), "all four scale knobs")
-
-    PRESETS = {"tiny": {}}
-
-
-@experiment("scale-knobs", ScaleKnobsConfig, chapter="ch01")
-def run_scale_knobs(cfg: ScaleKnobsConfig) -> dict:
-    """The model shape of every preset, side by side: one code path from a laptop toy to Pro."""
-    return {name: KitConfig.preset(name).model.summary() for name in cfg.names}
-
-
 def solution(n: int):
     """Reference answers to the chapter's exercises, computed by the kit (the notebook checks against them)."""
     from mimo_kit.launch import shell_command
@@ -90,5 +73,7 @@ def solution(n: int):
         rollouts = 4096 * 8
         return (rollouts, round(3.7e9 / rollouts))
     if n == 3:
+        from mimo_kit.intro.experiments import ScaleKnobsConfig
+
         return shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",)))
     raise ValueError(f"chapter 1 has exercises 1-3, not {n!r}")
