@@ -1,3 +1,3 @@
-"""mimo_kit: every mechanism of the MiMo-V2.6 report at scale knobs, one chapter at a time."""
+"""mimo_kit: the mechanisms of the MiMo-V2.6 report at scale knobs, one chapter at a time (docs/design.md)."""
 
 __version__ = "0.1.0"

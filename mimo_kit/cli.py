@@ -1,4 +1,4 @@
-"""``mimo-kit``: every experiment a notebook runs, runnable from a shell and on a cluster.
+"""``mimo-kit``: every experiment a notebook runs, runnable from a shell.
 
     mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
     mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/

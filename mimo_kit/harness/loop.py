@@ -1,4 +1,4 @@
-"""The minimal agent loop and its swappable modules (Report §4.2 *multi-harness*; STYLE: mini-swe-agent).
+"""The minimal agent loop and its swappable modules (Report §4.2 *multi-harness*; in the spirit of mini-swe-agent).
 
 The report trains on minimal, decoupled mini-harnesses recombined from one agent loop (system prompt, tools,
 context management), one configuration per domain, and evaluates on held-out harnesses. The loop::

@@ -6,7 +6,7 @@ The trainer talks to inference only through :class:`RolloutEngine`:
   each (log softmax(z/T) before truncation, the quantity TIS and the mismatch metrics need), the finish reason
   (``"stop"`` | ``"length"`` | ``"abort"``), the **policy version stamped at dispatch** (docs/design.md lessons:
   stamping at completion under-counts staleness), and optionally the routed experts of every input position (R3) and the
-  top-p candidate set of every generated token (top-p candidate replay, Report §6.1);
+  top-p candidate set of every generated token (recorded for top-p candidate replay, Report §6.1);
 - ``update_weights(state_dict, version)`` loads new policy weights and moves the version;
 - ``abort()`` cuts every in-flight request at the next decode step (partial rollout, Report §4.1): the outputs come
   back with ``finish_reason="abort"`` and the tokens so far; :func:`resume_request` builds the continuation, which

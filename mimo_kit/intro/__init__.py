@@ -37,7 +37,7 @@ CHAPTERS = [
      "mechanisms": "GAR ablation, router freezing and the reset test, loss aggregation and dynamic sampling, "
                    "partial rollouts"},
     {"chapter": "6 Infrastructure", "notebook": "ch06_infrastructure", "package": "mimo_kit.infra",
-     "mechanisms": "Sample Mixer, harness pool, payload porter, QDQ / R3 / top-p replay, SGLang engine"},
+     "mechanisms": "Sample Mixer, harness pool, payload porter, SGLang engine, consistency dashboard"},
     {"chapter": "7 Open foundations", "notebook": "ch07_distill", "package": "mimo_kit.distill",
      "mechanisms": "Qwen 9B distill path: SFT with TRL + PEFT, then RL; multi-harness evaluation"},
 ]

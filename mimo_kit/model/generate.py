@@ -2,8 +2,8 @@
 
 Per generated token the kit keeps (docs/design.md "token-in/token-out", Report §6):
 - the token id and its **logprob** under the sampling distribution before truncation, log softmax(z / T);
-- optionally the **top-p candidate set**: the token ids that survived top-k/top-p truncation, so training can
-  renormalise over exactly that set (top-p candidate replay);
+- optionally the **top-p candidate set**: the token ids that survived top-k/top-p truncation, recorded so that
+  training can renormalise over exactly that set (top-p candidate replay; the loss that uses it is planned);
 - the finish reason (``"stop"`` at an end token, ``"length"`` at ``max_new_tokens``).
 """
 
