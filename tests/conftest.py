@@ -1,8 +1,55 @@
+"""Suite-wide settings and helpers.
+
+``MIMO_KIT_TEST_THREADS=N`` (e.g. ``MIMO_KIT_TEST_THREADS=1 make test``) runs the whole session on N torch threads
+and exports ``OMP_NUM_THREADS=MKL_NUM_THREADS=N`` to the subprocesses the tests start, so the suite can be shown
+green whatever the thread count (matmul blocking, hence rounding, depends on it). Fixtures that change the count
+for one test save ``torch.get_num_threads()`` and restore it, i.e. they restore the forced value.
+"""
+
 import os
 
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+FORCED_THREADS = os.environ.get("MIMO_KIT_TEST_THREADS", "").strip()
+if FORCED_THREADS:
+    if not FORCED_THREADS.isdigit() or int(FORCED_THREADS) < 1:
+        raise pytest.UsageError(f"MIMO_KIT_TEST_THREADS={FORCED_THREADS!r}; expected a positive integer")
+    # set before torch starts its thread pools; subprocesses inherit it
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = FORCED_THREADS
+
+_session_threads: int | None = None
+
+
+def pytest_configure(config):
+    global _session_threads
+    try:
+        import torch
+    except ImportError:  # a checkout without torch still collects and reports
+        return
+    if FORCED_THREADS:
+        torch.set_num_threads(int(FORCED_THREADS))
+    _session_threads = torch.get_num_threads()
+
+
+@pytest.fixture(autouse=True)
+def _session_thread_count():
+    """Every test starts on the session's thread count: code that sets the count and does not restore it (a
+    benchmark's ``threads`` knob) cannot leak into later tests, nor make an in-process run and a subprocess run
+    of the same training round differently."""
+    if _session_threads is not None:
+        import torch
+
+        if torch.get_num_threads() != _session_threads:
+            torch.set_num_threads(_session_threads)
+    yield
+
+
+def pytest_report_header(config):
+    if FORCED_THREADS:
+        return f"MIMO_KIT_TEST_THREADS={FORCED_THREADS}: torch and subprocesses run on {FORCED_THREADS} thread(s)"
+    return None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -18,3 +65,54 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# ---- near ties ------------------------------------------------------------------------------------------------
+# One computation along two kernel paths (a cached decode and a full forward, a batch and a single row, a
+# verification block and single steps, the kit and transformers) agrees to rounding, not bit for bit: on the tiny
+# models within 3e-7 on the logits and 6e-8 on the router scores. Argmax and top-k choices made on both paths are
+# therefore equal exactly when none is a near tie. Tests that compare such choices (or logits downstream of them)
+# first assert that every margin exceeds these bounds, over 15× the rounding; the equality they then
+# assert is one the maths promises on any machine.
+LOGIT_TIE = 1e-5
+ROUTER_TIE = 1e-6
+
+
+def measure_margins(model, ids, from_pos=0):
+    """(greedy, router) for one full forward of ``ids`` [B, T]: the smallest top-1/top-2 logit gap at positions
+    ``from_pos``.., and the smallest gap between consecutive scores among each token's top-(k+1) biased router
+    scores over all MoE layers (``inf`` for a model without a router)."""
+    import torch
+
+    gaps = []
+
+    def hook(router, args, _out):
+        scores = torch.sigmoid(torch.nn.functional.linear(args[0].float(), router.weight.float()))
+        top = (scores + router.e_score_correction_bias).topk(min(router.top_k + 1, scores.shape[-1]), dim=-1).values
+        gaps.append(float((top[:, :-1] - top[:, 1:]).min()))
+
+    layers = model.moe_layers() if hasattr(model, "moe_layers") else []
+    handles = [m.gate.register_forward_hook(hook) for m in layers]
+    try:
+        with torch.no_grad():
+            logits = (model(ids) if layers else model(input_ids=ids)).logits
+    finally:
+        for h in handles:
+            h.remove()
+    top2 = logits[:, from_pos:].float().topk(2, dim=-1).values
+    return float((top2[..., 0] - top2[..., 1]).min()), min(gaps, default=float("inf"))
+
+
+@pytest.fixture
+def no_near_ties():
+    """``no_near_ties(model, ids, greedy_from=None)`` asserts that no router choice over ``ids`` [B, T] (and, with
+    ``greedy_from``, no greedy choice at positions ``greedy_from``..) is a near tie; returns the margins."""
+
+    def check(model, ids, greedy_from=None):
+        greedy, router = measure_margins(model, ids, 0 if greedy_from is None else greedy_from)
+        assert router > ROUTER_TIE, f"router near tie (gap {router:.1e}): pick another seed for this input"
+        if greedy_from is not None:
+            assert greedy > LOGIT_TIE, f"greedy near tie (gap {greedy:.1e}): pick another seed for this input"
+        return greedy, router
+
+    return check

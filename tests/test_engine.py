@@ -85,12 +85,15 @@ def test_logprobs_match_teacher_forcing(factory):
         torch.testing.assert_close(torch.tensor(o.logprobs), ref, atol=2e-4, rtol=0)
 
 
-def test_stop_tokens_and_greedy_batch_invariance(factory):
+def test_stop_tokens_and_greedy_batch_invariance(factory, no_near_ties):
     _, make = factory
     eng = InProcessEngine(make())
     prompts = [[1, 2, 3], [7, 8], [1, 2, 3], [9, 9, 9, 9]]
     together = eng.generate([req(str(i), p, 7, temperature=0.0) for i, p in enumerate(prompts)])
     alone = [eng.generate([req(str(i), p, 7, temperature=0.0)])[0] for i, p in enumerate(prompts)]
+    # a batch and a single row round differently; without near ties their greedy tokens are equal
+    for p, o in zip(prompts, alone):
+        no_near_ties(eng.model, torch.tensor([p + o.token_ids[:-1]]), greedy_from=len(p) - 1)
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert together[0].token_ids == together[2].token_ids
     stop = together[0].token_ids[2]
@@ -107,6 +110,7 @@ def test_seeded_sampling_is_reproducible(factory):
     b = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
     eng.set_rng_state(state)
     c = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    # the same calls on the same weights and random stream: equal bit for bit
     assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in c]
 
 
@@ -132,11 +136,12 @@ def test_engine_keeps_its_own_weights(factory):
     model = make()
     eng = InProcessEngine(model)
     a = eng.generate([req("a", [1, 2], 5, temperature=0.0)])[0]
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn_like(p))
+            p.add_(torch.randn(p.shape, generator=g))
     b = eng.generate([req("a", [1, 2], 5, temperature=0.0)])[0]
-    assert a.logprobs == b.logprobs
+    assert a.logprobs == b.logprobs  # the same calls on the engine's unchanged weights: equal bit for bit
 
 
 def test_abort_and_resume(factory):
@@ -183,7 +188,7 @@ def test_bad_requests_raise():
         InProcessEngine(kit_model()).generate([{"prompt_ids": [1]}])
 
 
-def test_routed_experts_replay_reproduces_logprobs():
+def test_routed_experts_replay_reproduces_logprobs(no_near_ties):
     """R3 (Report §6.1): the experts recorded at rollout, replayed in a teacher-forced forward, give the same
     logprobs even after the router weights moved."""
     model = kit_model()
@@ -193,9 +198,10 @@ def test_routed_experts_replay_reproduces_logprobs():
                          for i, p in enumerate(prompts)])
     moved = kit_model()
     moved.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for m in moved.moe_layers():
-            m.gate.weight.add_(torch.randn_like(m.gate.weight))
+            m.gate.weight.add_(torch.randn(m.gate.weight.shape, generator=g))
     n_layers = len(model.moe_layers())
     for p, o in zip(prompts, outs):
         routed = torch.tensor(o.routed_experts)  # [T + n, layers, k]
@@ -208,5 +214,7 @@ def test_routed_experts_replay_reproduces_logprobs():
         # replay forces the rollout's experts: the routing part of the mismatch is gone
         with model.capture_routing() as rec:
             teacher_forced_logprobs(model, p, o.token_ids)
+        # batched decode and one forward round differently; without near ties the router's choices are equal
+        no_near_ties(model, torch.tensor([p + o.token_ids[:-1]]))
         assert torch.equal(rec.indices, replay)
         assert not torch.allclose(free, replayed)

@@ -47,7 +47,7 @@ def pair(cfg: MiMoConfig, seed: int):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_logits_match_transformers_for_random_configs(seed):
+def test_logits_match_transformers_for_random_configs(seed, no_near_ties):
     cfg = random_config(seed)
     hf, kit = pair(cfg, seed)
     T = 3 * cfg.sliding_window + 7  # several windows long
@@ -55,6 +55,9 @@ def test_logits_match_transformers_for_random_configs(seed):
     with torch.no_grad():
         ref, out = hf(ids).logits, kit(ids).logits
     assert out.shape == (2, T, cfg.vocab_size)
+    # the same maths along different kernels: equal to fp32 rounding (≤ 3e-7 on logits of size ~0.5), provided
+    # rounding cannot flip an expert choice
+    no_near_ties(kit, ids)
     assert (ref - out).abs().max().item() <= 1e-5
     short = ids[:, : max(1, cfg.sliding_window // 2)]  # shorter than the window too
     with torch.no_grad():
@@ -62,11 +65,12 @@ def test_logits_match_transformers_for_random_configs(seed):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_cached_decoding_matches_full_forward(seed):
+def test_cached_decoding_matches_full_forward(seed, no_near_ties):
     cfg = random_config(100 + seed)
     hf, kit = pair(cfg, seed)
     T = 3 * cfg.sliding_window + 5
     ids = torch.randint(0, cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(seed))
+    no_near_ties(kit, ids)  # rounding cannot flip an expert choice, so the logits agree to rounding
     rng = random.Random(seed)
     with torch.no_grad():
         ref = hf(ids).logits
@@ -123,14 +127,15 @@ def test_parameter_counts_match_transformers_on_meta():
     assert count_parameters(MiMoConfig.preset("flash"))["total"] == sum(p.numel() for p in hf.parameters())
 
 
-def test_load_checkpoint_from_a_saved_transformers_folder(tmp_path):
+def test_load_checkpoint_from_a_saved_transformers_folder(tmp_path, no_near_ties):
     from mimo_kit.model import load_checkpoint
 
     cfg = random_config(3)
     hf, _ = pair(cfg, 3)
     hf.save_pretrained(tmp_path)
     model, mtp = load_checkpoint(tmp_path)
-    ids = torch.randint(0, cfg.vocab_size, (1, 20))
+    ids = torch.randint(0, cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(3))
+    no_near_ties(model, ids)
     with torch.no_grad():
         assert (model(ids).logits - hf(ids).logits).abs().max().item() <= 1e-5
     assert mtp == {}

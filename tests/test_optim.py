@@ -64,7 +64,7 @@ def test_newton_schulz_matches_torch_reference_in_bf16():
 
 def test_newton_schulz_rejects_vectors():
     with pytest.raises(ValueError, match="matrix"):
-        newton_schulz(torch.randn(5))
+        newton_schulz(torch.ones(5))
 
 
 # ---- Muown -------------------------------------------------------------------------------------------------------
@@ -160,9 +160,9 @@ def test_muown_descends_a_quadratic():
 
 def test_muown_rejects_vectors_and_bad_hyperparameters():
     with pytest.raises(ValueError, match="AdamW group"):
-        Muown([torch.nn.Parameter(torch.randn(5))])
+        Muown([torch.nn.Parameter(torch.ones(5))])
     with pytest.raises(ValueError, match="momentum"):
-        Muown([torch.nn.Parameter(torch.randn(5, 5))], momentum=1.5)
+        Muown([torch.nn.Parameter(torch.ones(5, 5))], momentum=1.5)
 
 
 # ---- Muon baseline (torch.optim.Muon on each expert) -------------------------------------------------------------
@@ -179,6 +179,8 @@ def test_muon_baseline_3d_equals_torch_muon_per_expert():
             w.grad = G[e].clone()
         ours.step()
         ref.step()
+    # bit for bit: the 3-D stack hands torch's own update one [m, n] view per expert, the same kernels on the
+    # same matrices as the per-expert reference
     assert torch.equal(W3.detach(), torch.stack([w.detach() for w in Ws]))
 
 
@@ -244,12 +246,12 @@ def test_optimizer_set_state_round_trip_and_switch():
     step(model, opt)
     step(twin, twin_opt)
     for a, b in zip(model.parameters(), twin.parameters()):
-        assert torch.equal(a, b)
+        assert torch.equal(a, b)  # the same step on the same weights and state: equal bit for bit
 
 
 def test_lr_schedule():
     cfg = OptimConfig(warmup_steps=10, min_lr_ratio=0.1)
-    assert lr_factor(5, 100, cfg) == 0.5 and lr_factor(10, 100, cfg) == 1.0
+    assert lr_factor(5, 100, cfg) == 0.5 and lr_factor(10, 100, cfg) == 1.0  # t / T_w in warm-up: exact
     assert lr_factor(100, 100, cfg) == pytest.approx(0.1)
     assert lr_factor(55, 100, cfg) == pytest.approx(0.55)
     factors = [lr_factor(t, 100, cfg) for t in range(10, 101)]

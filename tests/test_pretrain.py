@@ -57,12 +57,12 @@ def test_run_writes_a_loadable_model(tmp_path):
     result = run_pretrain(small(tmp_path / "run", steps=4, eval_every=2), progress=False)
     assert result.log["step"] == [1, 2, 3, 4] and len(result.log["val_loss"]) == 2
     cfg = result.config
-    assert result.log["lr"] == [cfg.optim.lr * lr_factor(s, 4, cfg.optim) for s in range(1, 5)]
+    assert result.log["lr"] == [cfg.optim.lr * lr_factor(s, 4, cfg.optim) for s in range(1, 5)]  # the loop's formula
     assert all(n > 0 for n in result.log["grad_norm"])
     model, tok = load_pretrained(tmp_path / "run")
     assert len(tok) == model.config.vocab_size == 512
     x = torch.tensor([tok("def f(x):\n    return x")["input_ids"]])
-    assert torch.equal(model(x).logits, result.model(x).logits)
+    assert torch.equal(model(x).logits, result.model(x).logits)  # the saved weights, the same kernels: bit for bit
     with pytest.raises(ValueError, match="different config"):
         run_pretrain(small(tmp_path / "run", steps=4, seed=1), progress=False)
 
@@ -75,7 +75,7 @@ def test_exact_resume_after_an_interruption(tmp_path):
     assert part.log["step"][-1] == 5 and latest_checkpoint(tmp_path / "cut" / "checkpoints").name == "step-000003.pt"
     resumed = run_pretrain(cfg, progress=False)
     for key in ("step", "tokens", "loss", "lr", "grad_norm", "val_step", "val_loss"):
-        assert resumed.log[key] == full.log[key], key  # bit-for-bit: floats compared with ==
+        assert resumed.log[key] == full.log[key], key  # bit-for-bit: the same kernels on the same data
     for a, b in zip(resumed.model.parameters(), full.model.parameters()):
         assert torch.equal(a, b)
 
@@ -101,4 +101,5 @@ def test_exact_resume_after_sigkill(tmp_path):
     assert ckpt is not None and int(ckpt.stem.split("-")[1]) in (4, 5, 6)
     resumed = run_pretrain(cfg, progress=False)
     clean = run_pretrain(small(tmp_path / "clean", steps=10, checkpoint_every=2), progress=False)
+    # bit for bit across processes: the child runs on the session's thread count too (the same kernel blocking)
     assert resumed.log["loss"] == clean.log["loss"] and resumed.log["val_loss"] == clean.log["val_loss"]

@@ -45,7 +45,7 @@ def test_ppo_clip_gradient_vanishes_outside_the_trust_region():
     logp = torch.log(torch.tensor([[1.5, 1.1]])).requires_grad_(True)
     loss, _ = ppo_clip_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]))
     loss.sum().backward()
-    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] < 0
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] < 0  # the clipped branch is constant in logp: exactly 0
 
 
 def test_ppo_bad_shapes_are_named():
@@ -178,7 +178,7 @@ def test_prompt_mean_weighs_groups_equally_and_tokens_equally_inside():
     assert group_weight(mask, gid, "prompt-mean") == pytest.approx({0: 0.5, 1: 0.5})
     assert group_weight(mask, gid, "token-mean") == pytest.approx({0: 10 / 13, 1: 3 / 13})
     w = token_weights(mask, gid, "prompt-mean")
-    assert w[0, 0] == w[1, 0]  # same weight per token for the short and the long rollout of a prompt
+    assert w[0, 0] == w[1, 0]  # same weight per token for the short and the long rollout (same formula, same counts)
     ws = token_weights(mask, gid, "seq-mean")
     assert ws[1, 0] < ws[0, 0]  # seq-mean: a long rollout's tokens weigh less (length dilutes its penalty)
 

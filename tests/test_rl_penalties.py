@@ -92,7 +92,8 @@ def test_segment_penalty_properties(seed, kappa, alpha_max, beta_min):
     col = adv[:, None].expand_as(out)
     assert (out[~loss] == 0).all()
     assert (out[passed[:, None] & err] == 0).all()  # no positive reinforcement of errors
-    assert torch.equal(out[passed[:, None] & loss & ~err], col[passed[:, None] & loss & ~err])
+    keep = passed[:, None] & loss & ~err
+    assert torch.equal(out[keep], col[keep])  # selected, not computed: a pass's other tokens keep A bit for bit
     fail_err = ~passed[:, None] & err
     assert (out[fail_err] <= col[fail_err] + 1e-6).all()  # amplified, never weakened
     assert (out[fail_err] >= torch.minimum(col[fail_err], torch.tensor(-alpha_max)) - 1e-6).all()  # capped

@@ -37,10 +37,12 @@ class OracleDrafter(BlockDrafter):
 
 
 @pytest.mark.parametrize("seed, block", [(0, 4), (1, 6), (2, 8)])
-def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block):
+def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block, no_near_ties):
     bb = backbone(seed)
     prompt = torch.randint(0, 512, (1, 3 * bb.config.sliding_window + 5), generator=torch.Generator().manual_seed(seed))
     ref = generate(bb, prompt, 40).tokens[0].tolist()
+    # verification blocks and single decode steps round differently; without near ties both pick the same tokens
+    no_near_ties(bb, torch.cat([prompt, torch.tensor([ref[:-1]])], 1), greedy_from=prompt.shape[1] - 1)
     cfg = DrafterConfig.preset("tiny", block_size=block)
     torch.manual_seed(seed)
     random_drafter = BlockDrafter(cfg, bb.config).eval()
@@ -124,7 +126,7 @@ def test_drafter_sees_only_its_context_window():
     bb = backbone()
     cfg = DrafterConfig.preset("tiny", context_window=5)
     drafter = BlockDrafter(cfg, bb.config).eval()
-    feats = torch.randn(1, 20, len(drafter.feature_layers) * 64)
+    feats = torch.randn(1, 20, len(drafter.feature_layers) * 64, generator=torch.Generator().manual_seed(0))
     pos = torch.arange(20)
     anchor_pos = torch.tensor([15])
     allowed = context_mask(pos, anchor_pos, 5)
@@ -160,6 +162,6 @@ def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     first = train_drafter(bb, tokens, cfg.override({"steps": 3}), out_dir=tmp_path)["log"]
     resumed = train_drafter(bb, tokens, cfg, out_dir=tmp_path)["log"]
     assert len(first["loss"]) == 3 and resumed["step"] == list(range(1, 7))
-    assert resumed["loss"] == full["loss"]  # bit-identical continuation on CPU
+    assert resumed["loss"] == full["loss"]  # bit-identical continuation: the same kernels on the same data
     longer = train_drafter(bb, tokens, cfg.override({"steps": 40, "lr": 5e-3}))["log"]
     assert sum(longer["loss"][-5:]) / 5 < sum(longer["loss"][:5]) / 5
