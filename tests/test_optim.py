@@ -69,7 +69,7 @@ def test_newton_schulz_rejects_vectors():
 
 # ---- Muown -------------------------------------------------------------------------------------------------------
 def _reference_muown_step(W, G, lr, lr_norm, momentum, betas, eps, wd):
-    """One Muown step from scratch (fresh state, Nesterov), written from DESIGN.md's formulas."""
+    """One Muown step from scratch (fresh state, Nesterov), written from the formulas in docs/design.md."""
     g = W.norm(dim=-1)
     v_hat = W / g[..., None]
     grad_g = (G * v_hat).sum(-1)

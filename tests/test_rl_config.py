@@ -1,4 +1,4 @@
-"""Every constant of the RL math is a named config field with a default and a reason (DESIGN.md "Principles")."""
+"""Every constant of the RL math is a named config field with a default and a reason (docs/design.md "Principles")."""
 
 import dataclasses
 import inspect

@@ -65,8 +65,18 @@ def _hf_cache_bytes(cache) -> int:
 
 
 def run_bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
-    """Rows ``{"measure", "kit", "transformers", "ratio"}``; ratio = kit speed / transformers speed (or bytes⁻¹)."""
+    """Rows ``{"measure", "kit", "transformers", "ratio"}``; ratio = kit speed / transformers speed (or bytes⁻¹).
+
+    Runs on ``cfg.threads`` torch threads and restores the caller's thread count afterwards."""
+    old = torch.get_num_threads()
     torch.set_num_threads(cfg.threads)
+    try:
+        return _bench_decoder(cfg, progress)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
     torch.manual_seed(cfg.seed)
     kit = MiMoForCausalLM(cfg.model).eval()
     hf = None
