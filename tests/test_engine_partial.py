@@ -6,9 +6,17 @@ import pytest
 import torch
 
 from mimo_kit.infra import InProcessEngine
-from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
+from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
+from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
 from mimo_kit.rl.sft import PolicyConfig, build_policy
-from mimo_kit.rl.world import make_tasks
+from mimo_kit.rl.toy.world import episodes, make_tasks, rollout_settings
+from mimo_kit.rl.trajectory import Segment
+
+SETTINGS = rollout_settings(max_turns=6)
+
+
+def drawer(pool, rng, group_size):
+    return lambda: episodes(rng.choice(pool), group_size)
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +38,7 @@ def test_cut_resume_and_expire(engine):
     pool = make_tasks(20, 1)
     buf = PartialRolloutBuffer(group_size=3, staleness=1, in_flight=6)
     rng = random.Random(0)
-    batch = buf.collect(engine, 2, drawer(pool, rng), max_turns=6)
+    batch = buf.collect(engine, 2, drawer(pool, rng, 3), SETTINGS)
     assert len(batch) == 2 and all(len(s.sequences) == 3 for s in batch)
     assert all(q.finish_reason in ("stop", "length") for s in batch for q in s.sequences)
     assert len(buf.groups) == 4  # the rest stay in flight, some cut mid-episode
@@ -45,7 +53,7 @@ def test_cut_resume_and_expire(engine):
     # a new collection tops up and mixes resumed episodes with fresh ones; no trained token is older than S
     engine.update_weights(engine.model.state_dict(), 3)
     for _ in range(3):
-        batch = buf.collect(engine, 2, drawer(pool, rng), max_turns=6)
+        batch = buf.collect(engine, 2, drawer(pool, rng, 3), SETTINGS)
         assert version_lag(batch, engine.policy_version)["lag_max"] <= 1
         engine.update_weights(engine.model.state_dict(), engine.policy_version + 1)
 
@@ -55,4 +63,56 @@ def test_bad_buffer_arguments(engine):
         PartialRolloutBuffer(group_size=2, staleness=-1, in_flight=2)
     buf = PartialRolloutBuffer(group_size=2, staleness=1, in_flight=2)
     with pytest.raises(ValueError, match="prompts=3 exceeds in_flight=2"):
-        buf.collect(engine, 3, drawer(make_tasks(3, 0), random.Random(0)))
+        buf.collect(engine, 3, drawer(make_tasks(3, 0), random.Random(0), 2), SETTINGS)
+    with pytest.raises(ValueError, match="has 3 episodes, expected 2"):
+        buf.collect(engine, 1, drawer(make_tasks(3, 0), random.Random(0), 3), SETTINGS)
+
+
+class Countdown:
+    """A test episode that ends after ``turns`` actions, whatever the model writes: groups finish at different
+    turns, so the batch fills while other groups are still generating."""
+
+    domain, group_metadata = "test", {}
+
+    def __init__(self, turns: int):
+        self.turns, self.n = turns, 0
+
+    def prompt(self):
+        return [Segment("user", [5, 6, 7])]
+
+    def act(self, action, finish_reason):
+        self.n += 1
+        return Turn(Segment("tool", [8]), done=self.n >= self.turns)
+
+    def outcome(self):
+        return Outcome(float(self.turns % 2), bool(self.turns % 2))
+
+
+def test_a_full_batch_aborts_the_actions_in_flight_and_they_resume_under_new_weights():
+    """Grading overlaps the next turn; when the batch fills mid-generation the engine aborts, and the cut action
+    resumes after the weight update (re-prefill), its tokens stamped with both versions."""
+    eng = InProcessEngine(build_policy(PolicyConfig(hidden_size=32), seed=0), seed=3)
+    rng = random.Random(1)
+    counter = iter(range(10_000))
+
+    def draw():
+        turns = rng.randint(1, 4)
+        return f"g{next(counter)}", [Countdown(turns) for _ in range(2)]
+
+    settings = RolloutSettings(max_turns=10, max_action_tokens=12, stop_token_ids=())
+    buf = PartialRolloutBuffer(group_size=2, staleness=3, in_flight=6)
+    buf.collect(eng, 2, draw, settings)
+    pending = [r for _, rs in buf.groups for r in rs if r.pending is not None]
+    assert buf.aborted > 0 and pending, "the batch filled between turns: nothing was in flight to abort"
+    assert all(r.pending[1].finish_reason == "abort" and len(r.pending[1].token_ids) < 12 for r in pending)
+    eng.update_weights(eng.model.state_dict(), 1)
+    mixed = []
+    for _ in range(4):
+        for smp in buf.collect(eng, 2, draw, settings):
+            for q in smp.sequences:
+                assert all(len(seg) == 12 for seg in q.contexts[0].segments if seg.role == "assistant")
+                mixed += [seg.policy_versions for seg in q.contexts[0].segments
+                          if seg.policy_versions and len(set(seg.policy_versions)) > 1]
+        eng.update_weights(eng.model.state_dict(), eng.policy_version + 1)
+    assert mixed, "no aborted action was resumed under newer weights"
+    assert all(v == sorted(v) for v in mixed)  # older tokens first: the prefix, then the continuation

@@ -30,8 +30,26 @@ def imports_of(path: Path) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
+    """module → the kit modules it imports; importing ``a.b.c`` also runs the packages ``a.b`` and ``a``."""
     mods = {module_name(p): p for p in KIT.rglob("*.py")}
-    return {m: {i for i in imports_of(p) if i in mods and i != m} for m, p in mods.items()}
+    out = {}
+    for m, p in mods.items():
+        targets = set()
+        for i in imports_of(p):
+            parts = i.split(".")
+            targets |= {".".join(parts[:k]) for k in range(2, len(parts) + 1)}
+        out[m] = {i for i in targets if i in mods and i != m}
+    return out
+
+
+def closure(g: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(g.get(m, ()))
+    return seen - {start}
 
 
 def reaches(g: dict[str, set[str]], start: str, goal: str) -> bool:
@@ -67,3 +85,27 @@ def test_cli_and_course_do_not_import_each_other_at_module_level():
         top_level = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
         names = {n.module for n in top_level if isinstance(n, ast.ImportFrom)}
         assert f"mimo_kit.{b}" not in names
+
+
+#: the RL maths: pure functions and the trajectory model (what the trainer, TRL and notebooks all reuse)
+PURE_RL = ("advantages", "aggregation", "compose", "config", "losses", "opd", "penalties", "penalty_module",
+           "sampling", "trajectory")
+
+
+def test_pure_rl_maths_imports_nothing_from_infra_envs_or_the_toy_world():
+    g = graph()
+    for name in ("mimo_kit.rl", *(f"mimo_kit.rl.{m}" for m in PURE_RL)):
+        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.infra", "mimo_kit.envs",
+                                                                   "mimo_kit.harness", "mimo_kit.rl.toy",
+                                                                   "mimo_kit.rl.trainer", "mimo_kit.rl.sft")))
+        assert not bad, (name, bad)
+
+
+def test_infra_imports_nothing_from_the_toy_world_or_the_trainer():
+    g = graph()
+    infra = [m for m in g if m.startswith("mimo_kit.infra")]
+    assert "mimo_kit.infra.rollout" in infra
+    for name in infra:
+        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.rl.toy", "mimo_kit.rl.trainer",
+                                                                   "mimo_kit.rl.experiments")))
+        assert not bad, (name, bad)

@@ -70,19 +70,21 @@ def test_grs_length_and_segment_penalties_run(tmp_path, sft_file):
 
 
 def test_toy_rubric_and_rewards():
+    from mimo_kit.infra.rollout import Rollout, grade, group_sample
+    from mimo_kit.rl.toy.world import ToyEpisode, make_tasks
     from mimo_kit.rl.trainer import group_advantages
-    from mimo_kit.rl.world import Slot, group_sample, make_tasks
 
     t = make_tasks(1, 5)[0]
     fix = f"E{t.bug_line}{t.reference[t.bug_line - 1]}"
     slots = []
     for i, actions in enumerate((["R", fix, "R", "S"], ["R", fix, "S"], ["R", fix, "A+0", "S"], ["S"])):
-        s = Slot.start(t, i)
+        s = Rollout.start(ToyEpisode(t), t.task_id, i)
         for a in actions:
             s.episode.step(a)
         s.finish = "stop"
         slots.append(s)
-    sample = group_sample(t, slots)
+    grade(slots)
+    sample = group_sample(t.task_id, slots)
     rewards = lambda cfg: group_advantages([sample], cfg)[0][0]  # noqa: E731
     # products of 1, 1/2 and 1/4: exact in fp32
     assert rewards(RLConfig(advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
@@ -129,14 +131,17 @@ def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
 
 
 @pytest.mark.slow
-def test_exact_resume_after_sigkill(tmp_path, sft_file):
-    """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line."""
-    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6))
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
+    """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line; with
+    S > 0 the groups in flight (and their aborted actions) travel in the checkpoint and resume identically."""
+    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8))
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
     code = ("from mimo_kit.rl.trainer import RLConfig, run_rl; from mimo_kit.rl.sft import SFTConfig; import sys; "
             f"run_rl(RLConfig(out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
-            "eval_samples=1, progress=False, checkpoint_every=2, sft=SFTConfig(steps=150)))")
+            f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
+            "sft=SFTConfig(steps=150)))")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -149,9 +154,11 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file):
     proc.wait()
     done = len(metrics.read_text().splitlines())
     assert 3 <= done < 6
-    resumed = run_rl(tiny(run_dir, sft_file, steps=6))
+    resumed = run_rl(tiny(run_dir, sft_file, steps=6, staleness=staleness, in_flight=8))
     with pytest.raises(ConfigError, match="different lr"):
-        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3))
+        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8))
+    if staleness:
+        assert ref["history"][-1]["aborted"] > 0  # the buffer really cut actions in flight
     clock = ("rollout_s", "step_s", "samples_per_s")
     strip = lambda hist: [{k: v for k, v in h.items() if k not in clock} for h in hist]  # noqa: E731
     # bit for bit: both processes train on cfg.threads torch threads, the same kernels on the same data
@@ -167,3 +174,138 @@ def test_rl_raises_heldout_pass_rate_over_sft(tmp_path, sft_file):
     sft, rl = r["sft_eval"]["pass_rate"], r["rl_eval"]["pass_rate"]
     assert rl > sft + 0.03, (sft, rl)
     json.loads(Path(tmp_path / "summary.json").read_text())
+
+
+# ---- the RL maths constants, contexts, the penalty module, dynamic sampling, top-p replay, the clip controller -----
+def test_every_rl_maths_constant_is_an_override_of_the_run(tmp_path, sft_file, capsys):
+    from mimo_kit.cli import main
+
+    cfg = RLConfig.preset("tiny").override(["gar.tier_decay=0.5", "length.scale=0.3", "segment.kappa=3",
+                                            "grpo.scale_std=false", "sampling.confidence=0.5"])
+    m = cfg.math
+    assert (m.gar.tier_decay, m.length.scale, m.segment.kappa, m.advantage.scale_std, m.sampling.confidence) == (
+        0.5, 0.3, 3.0, False, 0.5)
+    with pytest.raises(ConfigError, match="tier_decayy"):
+        RLConfig.preset("tiny").override(["gar.tier_decayy=0.5"])
+    run = tmp_path / "cli"
+    tiny(run, sft_file)
+    assert main(["run", "rl", "--out", str(tmp_path / "res"), f"out_dir={run}", "gar.tier_decay=0.5",
+                 "advantage=gar", "steps=1", "prompts=2", "group_size=4", "eval_tasks=0", "progress=false",
+                 "sft.steps=150"]) == 0
+    assert json.loads((run / "summary.json").read_text())["config"]["gar"]["tier_decay"] == 0.5
+    assert main(["run", "rl", "--out", str(tmp_path / "bad"), "gar.tier_decayy=0.5"]) == 2
+    assert "tier_decayy" in capsys.readouterr().err
+
+
+def _played(sft_file, n_tasks=4, group=4, **kw):
+    from mimo_kit.infra import InProcessEngine
+    from mimo_kit.rl.sft import PolicyConfig, build_policy
+    from mimo_kit.rl.toy.world import make_tasks, play
+
+    model = build_policy(PolicyConfig(), 0)
+    model.load_state_dict(torch.load(sft_file, weights_only=False)["model"])
+    return model, play(InProcessEngine(model, seed=1), make_tasks(n_tasks, 9), group, **kw)
+
+
+def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_file, monkeypatch):
+    """A sequence whose history was rewritten has two contexts (two rows); both carry its advantage."""
+    import copy
+
+    from mimo_kit.rl import trainer
+    from mimo_kit.rl.losses import EntropyClipController
+    from mimo_kit.rl.trajectory import Context, Segment
+
+    model, samples = _played(sft_file)
+    cfg = RLConfig(dynamic_sampling=False, sft=SFT)
+    split = 0
+    for smp in samples:
+        for q in smp.sequences:
+            segs = q.contexts[0].segments
+            gen = [i for i, sg in enumerate(segs) if sg.trainable]
+            if len(gen) >= 2:  # a new context from the second action on: the prompt replayed, then the rest
+                cut = gen[1]
+                replay = Segment("user", list(segs[0].token_ids), text=segs[0].text)
+                q.contexts = [Context(segs[:cut], "ctx-0"), Context([replay, *copy.deepcopy(segs[cut:])], "ctx-1")]
+                split += 1
+    assert split
+    seen = {}
+    real = trainer.ppo_update
+
+    def spy(model, opt, cfg, controller, batch, adv, mask, *rest):
+        seen.update(batch=batch, adv=adv.clone())
+        return real(model, opt, cfg, controller, batch, adv, mask, *rest)
+
+    monkeypatch.setattr(trainer, "ppo_update", spy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    rewards, advs, logs = trainer.group_advantages(samples, cfg)
+    out = trainer.train_step(model, opt, samples, cfg, EntropyClipController.from_config(cfg.clip))
+    batch, adv = seen["batch"], seen["adv"]
+    n_seq = sum(len(smp.sequences) for smp in samples)
+    assert batch.shape[0] == n_seq + split and out["trained_tokens"] > 0 and out["grad_norm"] > 0
+    flat = torch.tensor([a for a_s in advs for a in a_s])
+    torch.testing.assert_close(adv, flat[batch.seq_ids])
+    two = [int(i) for i in torch.unique(batch.seq_ids) if int((batch.seq_ids == i).sum()) == 2]
+    assert len(two) == split
+
+
+def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft_file):
+    from mimo_kit.rl.trainer import penalty_module
+
+    _, samples = _played(sft_file, n_tasks=2)
+    victim = samples[0].sequences[1]
+    victim.finish_reason = "infra_error"
+    out, report = penalty_module(RLConfig(segment_penalty=True, sft=SFT)).apply(samples)
+    assert victim.sequence_id in report.dropped
+    assert [q.sequence_id for q in out[0].sequences] == [q.sequence_id for q in samples[0].sequences
+                                                         if q is not victim]
+    recorded = [(a, b) for smp in out for q in smp.sequences for c in q.contexts for sg in c.segments
+                for a, b, _ in sg.errors]
+    shaped = [(a, b) for smp in out for q in smp.sequences for c in q.contexts for sg in c.segments
+              for a, b, _ in sg.error_spans]
+    assert sorted(recorded) == sorted(shaped)  # shape: every recorded error of the model becomes an error span
+    monitored, _ = penalty_module(RLConfig(segment_penalty=False, sft=SFT)).apply(samples)
+    assert not any(sg.error_spans for smp in monitored for q in smp.sequences for c in q.contexts
+                   for sg in c.segments)
+
+
+def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_path, sft_file):
+    r = run_rl(tiny(tmp_path, sft_file, steps=3, prompts=4))
+    for h in r["history"]:
+        assert h["groups_trained"] == 4 and h["groups_drawn"] >= 4
+        assert h["kept_fraction"] == pytest.approx(h["groups_trained"] / h["groups_drawn"], abs=0.5)
+    off = run_rl(tiny(tmp_path / "off", sft_file, steps=2, prompts=4, dynamic_sampling=False))
+    assert all(h["groups_drawn"] == h["groups_trained"] == 4 for h in off["history"])
+
+
+def test_topp_replay_renormalises_over_the_recorded_set(sft_file):
+    from mimo_kit.rl.trainer import policy_logprobs
+    from mimo_kit.rl.trajectory import flatten
+
+    model, samples = _played(sft_file, n_tasks=2, top_p=0.7, return_candidates=True)
+    batch = flatten(samples)
+    with torch.no_grad():
+        full, _ = policy_logprobs(model, batch.input_ids, 1.0)
+        replay, _ = policy_logprobs(model, batch.input_ids, 1.0, candidates=batch.topp_candidates)
+    m = batch.loss_mask[:, 1:]
+    assert (replay[m] >= full[m] - 1e-6).all() and (replay[m] > full[m] + 1e-3).any()
+    # the engine reported the same renormalised logprob for every token it sampled
+    torch.testing.assert_close(replay[m], batch.logprobs[:, 1:].float()[m], atol=1e-4, rtol=0)
+    with pytest.raises(ConfigError, match="top_p < 1"):
+        RLConfig(topp_replay=True)
+
+
+def test_topp_replay_trains_consistently(tmp_path, sft_file):
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, top_p=0.7, topp_replay=True))
+    assert all(h["mismatch_abs_dlogp"] < 1e-4 for h in r["history"] if h["trained_tokens"])
+
+
+def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
+    """The target is anchored at 0.8 × the first batch's entropy, so ε_high moves both ways instead of sitting at
+    a bound."""
+    r = run_rl(tiny(tmp_path, sft_file, steps=6, prompts=8))
+    h = r["history"]
+    first = h[0]["entropy"]
+    assert h[-1]["entropy_target"] == pytest.approx(0.8 * first, rel=1e-6)
+    eps = [x["eps_high"] for x in h]
+    cfg = RLConfig().clip
+    assert len(set(eps)) > 1 and any(cfg.eps_high_min < e < cfg.eps_high_max for e in eps)

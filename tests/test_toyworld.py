@@ -1,4 +1,4 @@
-"""The toy agentic world (mimo_kit.rl.world): tasks, actions, scripted expert, token-in/token-out episodes."""
+"""The toy agentic world (mimo_kit.rl.toy.world): tasks, actions, scripted expert, token-in/token-out episodes."""
 
 import random
 
@@ -9,10 +9,9 @@ from hypothesis import strategies as st
 
 from mimo_kit.infra import GenerationOutput
 from mimo_kit.rl.advantages import gar_advantages, grpo_advantages
-from mimo_kit.rl.trajectory import flatten, unflatten
-from mimo_kit.rl.world import (
+from mimo_kit.rl.toy.world import (
     TOKENIZER,
-    Episode,
+    ToyEpisode,
     equivalent,
     expert_actions,
     expert_dataset,
@@ -21,6 +20,7 @@ from mimo_kit.rl.world import (
     play,
     run_program,
 )
+from mimo_kit.rl.trajectory import flatten, unflatten
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +57,7 @@ def test_expert_styles(seed):
     rng = random.Random(seed)
     t = make_tasks(1, seed)[0]
     for style, passes, needless in (("clean", True, 0), ("needless", True, 1), ("wrong", False, 0)):
-        ep = Episode(t)
+        ep = ToyEpisode(t)
         for a in expert_actions(t, style, rng):
             ep.step(a)
         assert ep.passed is passes and ep.needless_edits == needless
@@ -66,7 +66,7 @@ def test_expert_styles(seed):
 
 def test_tests_point_at_the_bug_and_malformed_actions_are_errors():
     t = make_tasks(1, 7)[0]
-    ep = Episode(t)
+    ep = ToyEpisode(t)
     assert ep.step("R") == f"{t.bug_line}:{t.reference[t.bug_line - 1]}\n"
     assert ep.step("X9") == "err\n" and ep.step("E9+1") == "err\n" and ep.format_errors == 2
     assert ep.step(f"E{t.bug_line}{t.reference[t.bug_line - 1]}") == "done\n"

@@ -22,7 +22,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -66,7 +66,8 @@ class GenerationOutput:
     finish_reason: str  # "stop" | "length" | "abort"
     policy_version: int  # engine weights version when the request was dispatched
     routed_experts: list[list[list[int]]] | None = None  # [prompt + generated tokens][moe layers][k]
-    candidates: list[list[int]] | None = None  # [generated tokens][kept ids] (top-k / top-p sampling set)
+    candidates: list[list[int]] | None = None  # [generated tokens][kept ids] (top-k / top-p sampling set); with
+    # candidates, ``logprobs`` are under the renormalised sampling set (see :func:`candidate_logmass`)
 
 
 @runtime_checkable
@@ -97,6 +98,17 @@ def resume_request(request: GenerationRequest, partial: GenerationOutput) -> Gen
                                max_new_tokens=left)
 
 
+def candidate_logmass(logits: torch.Tensor, kept: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log Σ_{c ∈ kept} softmax(z / T)_c per row: logits [B, V], kept [B, V] bool → [B] (0 when all are kept).
+
+    Top-p candidate replay (Report §6.1) trains on log π(a | a ∈ C) = log π(a) − log π(C): the probability the
+    token was really sampled with. With ``return_candidates`` the engine reports that logprob, so the PPO ratio
+    compares the same quantity on both sides.
+    """
+    lsm = (logits.float() / (temperature if temperature > 0 else 1.0)).log_softmax(-1)  # greedy: kept = argmax
+    return lsm.masked_fill(~kept, float("-inf")).logsumexp(-1)
+
+
 class InProcessEngine:
     """The embedded engine: the kit decoder or a transformers causal LM, batched decode with a KV cache.
 
@@ -115,6 +127,7 @@ class InProcessEngine:
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
         self._abort = threading.Event()
+        self._on_step: Callable[[], None] | None = None
         self.tokens_generated = 0  # decode steps × live rows since construction (progress, for callers)
 
     # ---- weights and control ----------------------------------------------------------------------------
@@ -152,9 +165,16 @@ class InProcessEngine:
 
     # ---- generation -------------------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[GenerationOutput]:
-        """Generate every request; outputs in request order. Abort flags are cleared on entry."""
+    def generate(self, requests: Sequence[GenerationRequest], *,
+                 on_step: Callable[[], None] | None = None) -> list[GenerationOutput]:
+        """Generate every request; outputs in request order. Abort flags are cleared on entry.
+
+        ``on_step`` is called after every decode step (of every batch of equal-length prompts); it may call
+        :meth:`abort`, which cuts the requests still running at that step (and those not started yet) at a
+        deterministic point, so a partial rollout that aborts from here resumes reproducibly.
+        """
         self._abort.clear()
+        self._on_step = on_step
         version = self.policy_version  # stamped at dispatch
         out: dict[int, GenerationOutput] = {}
         groups: dict[tuple, list[int]] = {}
@@ -165,8 +185,14 @@ class InProcessEngine:
                    r.return_routed_experts, r.return_candidates)
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
+            if self._abort.is_set():  # cut before it started: no tokens, resumable like any aborted request
+                for i in idx:
+                    out[i] = GenerationOutput(requests[i].request_id, [], [], "abort", version,
+                                              None, [] if requests[i].return_candidates else None)
+                continue
             for i, o in zip(idx, self._generate_batch([requests[i] for i in idx], version)):
                 out[i] = o
+        self._on_step = None
         return [out[i] for i in range(len(requests))]
 
     def _generate_batch(self, reqs: list[GenerationRequest], version: int) -> list[GenerationOutput]:
@@ -190,6 +216,8 @@ class InProcessEngine:
             for _step in range(r0.max_new_tokens):
                 tok, logp, kept = sample_next(logits, temperature=r0.temperature, top_k=r0.top_k, top_p=r0.top_p,
                                               generator=self.generator)
+                if r0.return_candidates:  # the sampling distribution's logprob: renormalised over the kept set
+                    logp = logp - candidate_logmass(logits, kept, r0.temperature)
                 was_done = done.clone()
                 for b in (~was_done).nonzero()[:, 0].tolist():
                     tokens[b].append(int(tok[b]))
@@ -203,6 +231,8 @@ class InProcessEngine:
                         reasons[b] = "stop"
                     done |= hit
                 done |= torch.tensor([len(t) >= r0.max_new_tokens for t in tokens])
+                if self._on_step is not None:
+                    self._on_step()
                 if self._abort.is_set():
                     for b in (~done).nonzero()[:, 0].tolist():
                         reasons[b] = "abort"

@@ -87,7 +87,10 @@ class ClipConfig(Config):
     eps_low: float = knob(0.2, "PPO's standard lower clip 1 − 0.2", min=0.0, max=1.0)
     eps_high: float = knob(0.28, "DAPO's clip-higher start value: room for low-probability tokens to grow",
                            min=0.0)
-    entropy_target: float = knob(0.3, "target mean token entropy (nats) of a healthy agentic policy", min=0.0)
+    entropy_target: float = knob(0.3, "target mean token entropy (nats) when entropy_target_ratio is 0", min=0.0)
+    entropy_target_ratio: float = knob(0.8, "target = 0.8 × the entropy of the first RL batch: a fixed target fits "
+                                       "one policy only, and holding 80% of the start lets the clip open as entropy "
+                                       "collapses (0 = use entropy_target)", min=0.0, max=1.0)
     entropy_gain: float = knob(0.1, "ε_high moves 0.1 per nat of entropy gap per step: slow, stable", min=0.0)
     eps_high_min: float = knob(0.2, "never clip tighter than symmetric PPO", min=0.0)
     eps_high_max: float = knob(0.4, "never let the upper clip exceed 1.4: bounded off-policy drift", min=0.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mimo_kit.rl.world import Episode, make_tasks, run_program
+from mimo_kit.rl.toy.world import ToyEpisode, make_tasks, run_program
 
 _SOLUTIONS = {
     # ch04a 1: rollouts per step of the report (1,568 prompts × 16) divided by the toy step's (16 × 8)
@@ -12,7 +12,7 @@ _SOLUTIONS = {
     # ch05a 1: needless edits of an episode that fixes the bug and appends "A*1"
     3: 1,
     # ch05a 2: tool output of "R" on the first task of seed 0 (its first failing line and the expected content)
-    4: Episode(make_tasks(1, 0)[0]).step("R").strip(),
+    4: ToyEpisode(make_tasks(1, 0)[0]).step("R").strip(),
 }
 
 

@@ -94,13 +94,18 @@ class EntropyClipController:
     lo: float = CLIP.eps_high_min
     hi: float = CLIP.eps_high_max
     history: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # (entropy, eps_high)
+    target_ratio: float = 0.0  # > 0: the target is anchored at ratio × the first entropy fed
+    anchored: bool = False
 
     @classmethod
     def from_config(cls, cfg: Any = None) -> EntropyClipController:
         cfg = cfg or CLIP
-        return cls(cfg.eps_high, cfg.entropy_target, cfg.entropy_gain, cfg.eps_high_min, cfg.eps_high_max)
+        return cls(cfg.eps_high, cfg.entropy_target, cfg.entropy_gain, cfg.eps_high_min, cfg.eps_high_max,
+                   target_ratio=getattr(cfg, "entropy_target_ratio", 0.0))
 
     def update(self, entropy: float) -> float:
+        if self.target_ratio > 0 and not self.anchored:
+            self.target, self.anchored = self.target_ratio * float(entropy), True
         self.eps_high = entropy_adaptive_eps_high(self.eps_high, entropy, target=self.target, gain=self.gain,
                                                   lo=self.lo, hi=self.hi)
         self.history.append((float(entropy), self.eps_high))

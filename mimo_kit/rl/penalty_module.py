@@ -188,6 +188,27 @@ class InfrastructureErrorRule:
         return out
 
 
+@dataclasses.dataclass
+class RecordedErrorRule:
+    """The errors the environment or harness recorded while the run happened (``Segment.errors``): a malformed
+    action, an unknown tool, arguments a tool refused. No re-parsing: the run already knows what failed."""
+
+    kinds: tuple[str, ...] = ()  # only these kinds; () = every recorded error
+    name: str = "recorded_error"
+    infra: bool = False
+
+    def detect(self, sequence: Run) -> list[Finding]:
+        out = []
+        for c, ctx in enumerate(sequence.contexts):
+            for s, seg in enumerate(ctx.segments):
+                if not seg.trainable:
+                    continue
+                for a, b, kind in seg.errors:
+                    if not self.kinds or kind in self.kinds:
+                        out.append(Finding(self.name, sequence.sequence_id, c, s, (a, b), kind))
+        return out
+
+
 def default_rules(known_tools: Sequence[str]) -> list[tuple[Rule, str]]:
     """The kit's default bindings: errors shape advantages, loops are masked, infra errors drop the run."""
     return [(UnknownToolRule(tuple(known_tools)), "shape"), (MalformedArgumentsRule(), "shape"),

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, knob
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
-from mimo_kit.rl.world import TOKENIZER, expert_dataset, make_tasks
+from mimo_kit.rl.toy.world import TOKENIZER, expert_dataset, make_tasks
 
 
 @dataclasses.dataclass

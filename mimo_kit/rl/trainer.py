@@ -2,17 +2,22 @@
 
 One step (Report §5's recipe at toy scale):
 
-1. draw ``prompts`` tasks; the engine plays ``group_size`` episodes of each (:func:`mimo_kit.rl.world.play`),
+1. draw tasks; the rollout driver (:mod:`mimo_kit.infra.rollout`) plays ``group_size`` episodes of each,
    token-in/token-out, the policy version stamped at dispatch;
-2. reward = pass/fail of the world's own check; ``advantage="gar"`` asks the rule-based group grader for a verdict
-   and redistributes the passes' advantage by quality (Report §4.3.2), ``"grpo"`` is the binary baseline;
-3. dynamic sampling drops groups whose rewards are all equal (Report §4.1);
-4. the policy forward on the stored tokens (never re-tokenised), logits / T as at rollout; π_old is the rollout
-   logprob, or with ``tis`` the trainer's own recomputation with truncated-IS weights min(π_old/π_rollout, C);
-5. PPO-clip loss per token, ℓ = −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), aggregated by ``loss_agg``
+2. the penalty module (:mod:`mimo_kit.rl.penalty_module`) reads the errors the run recorded: environment failures
+   drop the sequence, the model's own errors become error spans when ``segment_penalty`` is on;
+3. rewards and advantages in the kit's one order (:mod:`mimo_kit.rl.compose`): pass/fail or GRS, hacks, length
+   penalty, GRPO, GAR with the rule-based group grader (``advantage="gar"``, Report §4.3.2);
+4. dynamic sampling (Report §4.1): groups whose rewards are all equal carry no signal; the step over-samples and
+   refills until ``prompts`` groups with signal are in the batch;
+5. the policy forward on the stored tokens (never re-tokenised), logits / T as at rollout, each sequence's
+   advantage on every context row of that sequence; π_old is the rollout logprob, or with ``tis`` the trainer's own
+   recomputation with truncated-IS weights min(π_old/π_rollout, C); with ``topp_replay`` both sides are
+   renormalised over each token's recorded sampling set (Report §6.1);
+6. PPO-clip loss per token, ℓ = −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), aggregated by ``loss_agg``
    (prompt-mean by default, Report §5), with ε_high moved by the entropy controller;
-6. AdamW step with gradient-norm clip 1.0; the router frozen by default (Report §5.4);
-7. the new weights go to the engine (``update_weights``), policy version + 1.
+7. AdamW step with gradient-norm clip 1.0; the router frozen by default (Report §5.4);
+8. the new weights go to the engine (``update_weights``), policy version + 1.
 
 Departures from the report, on purpose: AdamW instead of Muown (the toy model is tiny and AdamW is the baseline
 TRL uses too), one PPO epoch per batch (so π_old = π_rollout up to numerics), synchronous rollouts unless
@@ -39,12 +44,23 @@ import torch
 
 from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
-from mimo_kit.infra.partial import PartialRolloutBuffer, drawer, version_lag
+from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
+from mimo_kit.infra.rollout import RolloutSettings
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
 from mimo_kit.rl.aggregation import aggregate_loss
 from mimo_kit.rl.compose import sequence_advantages, token_advantages
-from mimo_kit.rl.config import ClipConfig
+from mimo_kit.rl.config import (
+    AdvantageConfig,
+    ClipConfig,
+    GARConfig,
+    LengthPenaltyConfig,
+    PenaltyRulesConfig,
+    RLMathConfig,
+    SamplingConfig,
+    SegmentPenaltyConfig,
+)
 from mimo_kit.rl.losses import (
     EntropyClipController,
     mismatch_metrics,
@@ -52,10 +68,11 @@ from mimo_kit.rl.losses import (
     token_entropy,
     truncated_is_weights,
 )
-from mimo_kit.rl.sampling import dynamic_sampling
+from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
+from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
+from mimo_kit.rl.toy.world import episodes, grade_group, make_tasks, rollout_settings
 from mimo_kit.rl.trajectory import Sample, flatten
-from mimo_kit.rl.world import grade_group, make_tasks, play
 
 
 @dataclasses.dataclass
@@ -65,6 +82,15 @@ class RLConfig(Config):
     policy: PolicyConfig = knob(default_factory=PolicyConfig, why="the toy policy's shape")
     sft: SFTConfig = knob(default_factory=SFTConfig, why="the warm start")
     clip: ClipConfig = knob(default_factory=ClipConfig, why="PPO clip, entropy controller, TIS cap, grad clip")
+    grpo: AdvantageConfig = knob(default_factory=AdvantageConfig, why="GRPO's std scaling and ε (Report §5)")
+    gar: GARConfig = knob(default_factory=GARConfig, why="GAR's quality-factor schedule and cap (Report §4.3)")
+    length: LengthPenaltyConfig = knob(default_factory=LengthPenaltyConfig,
+                                       why="the group-relative length penalty's constants (Report §4.3)")
+    segment: SegmentPenaltyConfig = knob(default_factory=SegmentPenaltyConfig,
+                                         why="the segment penalty's κ, α_max, β_min (Report §4.3)")
+    sampling: SamplingConfig = knob(default_factory=SamplingConfig,
+                                    why="dynamic sampling's reward tolerance and over-sampling confidence")
+    rules: PenaltyRulesConfig = knob(default_factory=PenaltyRulesConfig, why="the penalty module's detectors")
     seed: int = knob(0, "one seed fixes init, tasks, sampling and the resume check")
     steps: int = knob(40, "tiny: enough RL steps for the pass rate to move over SFT on 2 cores", min=0)
     prompts: int = knob(16, "prompts per step (the report: 1,568)", min=1)
@@ -80,7 +106,13 @@ class RLConfig(Config):
     length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
     segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")
-    dynamic_sampling: bool = knob(True, "Report §4.1: drop all-pass / all-fail groups")
+    dynamic_sampling: bool = knob(True, "Report §4.1: drop all-pass / all-fail groups, over-sample and refill")
+    refill_rounds: int = knob(3, "dynamic sampling draws again up to 3 times until the batch holds `prompts` "
+                              "groups with signal; a step never waits without bound", min=0)
+    top_p: float = knob(1.0, "rollout nucleus sampling; < 1 samples from a truncated set (what top-p replay needs)",
+                        min=1e-6, max=1.0)
+    topp_replay: bool = knob(False, "top-p candidate replay: the training logprob renormalised over each token's "
+                             "recorded sampling set, as the rollout sampled it (Report §6.1)")
     freeze_router: bool = knob(True, "Report §5.4: router frozen in RL (published)")
     entropy_adaptive: bool = knob(True, "Report §5: clip range adjusted with policy entropy")
     tis: bool = knob(False, "truncated IS against the rollout logprobs; off: π_old = π_rollout (one epoch)")
@@ -108,6 +140,21 @@ class RLConfig(Config):
             raise ConfigError(f"RLConfig.optimizer={self.optimizer!r}; expected 'adamw' or 'muown'")
         if self.loss_agg not in ("token-mean", "seq-mean", "prompt-mean"):
             raise ConfigError(f"RLConfig.loss_agg={self.loss_agg!r}; expected token-mean, seq-mean or prompt-mean")
+        if self.topp_replay and self.top_p >= 1.0:
+            raise ConfigError("RLConfig.topp_replay=true with top_p=1.0: every token is a candidate, so replay "
+                              "would change nothing; set top_p < 1 (e.g. top_p=0.9)")
+
+    @property
+    def math(self) -> RLMathConfig:
+        """Every constant of the RL maths this run uses, as one :class:`RLMathConfig` (same objects)."""
+        return RLMathConfig(advantage=self.grpo, gar=self.gar, length=self.length, segment=self.segment,
+                            clip=self.clip, sampling=self.sampling, rules=self.rules, loss_agg=self.loss_agg)
+
+    def rollout_settings(self, *, training: bool = True) -> RolloutSettings:
+        """The driver's sampling settings: R3 and top-p candidates are recorded only when training uses them."""
+        return rollout_settings(self.temperature, self.max_turns, top_p=self.top_p,
+                                return_routed_experts=self.r3 and training,
+                                return_candidates=self.topp_replay and training)
 
 
 @contextlib.contextmanager
@@ -127,6 +174,18 @@ def toy_rubric(seq) -> tuple[float, float]:
     return 1.0 / (1 + seq.metadata["needless_edits"]), 1.0 if seq.metadata.get("verified") else 0.5
 
 
+def generated_tokens(seq) -> int:
+    """Tokens the policy generated in a sequence, over all its contexts (what the length penalty measures)."""
+    return sum(len(seg) for c in seq.contexts for seg in c.segments if seg.trainable)
+
+
+def penalty_module(cfg: RLConfig) -> PenaltyModule:
+    """The run's penalty module (Report §6.1): recorded model errors shape advantages with ``segment_penalty``
+    (else they are only counted); infrastructure errors drop the sequence instead of punishing it."""
+    return PenaltyModule([(RecordedErrorRule(), "shape" if cfg.segment_penalty else "monitor"),
+                          (InfrastructureErrorRule(cfg.rules.infra_markers), "monitor")])
+
+
 def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[float]], list[list[float]], list[dict]]:
     """Per sample: effective rewards and per-sequence advantages, composed in the kit's one order
     (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR)."""
@@ -138,10 +197,9 @@ def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[fl
             passed,
             rewards=None if cfg.advantage == "grs" else [float(q.reward) for q in seqs],
             rubric=tuple(map(list, zip(*(toy_rubric(q) for q in seqs)))) if cfg.advantage == "grs" else None,
-            lengths=[max(1, sum(len(seg) for seg in q.contexts[0].segments if seg.trainable)) for q in seqs]
-            if cfg.length_penalty else None,
+            lengths=[max(1, generated_tokens(q)) for q in seqs] if cfg.length_penalty else None,
             gar=cfg.advantage == "gar", verdict=grade_group(s) if cfg.advantage == "gar" else None,
-            ids=[q.sequence_id for q in seqs])
+            ids=[q.sequence_id for q in seqs], math=cfg.math)
         rewards.append(res.rewards.tolist())
         advs.append(res.advantages.tolist())
         logs.append({"fallback": res.fallback, "lam": res.lam})
@@ -149,14 +207,26 @@ def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[fl
 
 
 def policy_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
-                    routing: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logp of each next token and the logits: ids [B, T] → (logp [B, T−1], logits [B, T−1, V]), logits / T."""
+                    routing: torch.Tensor | None = None,
+                    candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logp of each next token and the logits: ids [B, T] → (logp [B, T−1], logits [B, T−1, V]), logits / T.
+
+    With ``candidates`` [B, T, K] (the recorded sampling set of each token, −1 padded; top-p candidate replay,
+    Report §6.1) a token's logp is renormalised over its set: log π(a) − log Σ_{c∈C} π(c). Positions without a
+    recorded set keep the full softmax.
+    """
     ctx = model.replay_routing(routing) if routing is not None else contextlib.nullcontext()
     with ctx:
         logits = model(input_ids[:, :-1]).logits.float()
     if temperature > 0:
         logits = logits / temperature
-    logp = logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None])[..., 0]
+    lsm = logits.log_softmax(-1)  # [B, T−1, V]
+    logp = lsm.gather(-1, input_ids[:, 1:, None])[..., 0]
+    if candidates is not None:
+        cand = candidates[:, 1:]  # [B, T−1, K]: the set the token at t+1 was sampled from
+        have = cand >= 0
+        mass = lsm.gather(-1, cand.clamp(min=0)).masked_fill(~have, float("-inf")).logsumexp(-1)  # [B, T−1]
+        logp = torch.where(have.any(-1), logp - mass, logp)
     return logp, logits
 
 
@@ -172,14 +242,18 @@ def replay_indices(model: torch.nn.Module, batch) -> torch.Tensor:
     return idx
 
 
-def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController) -> dict:
-    """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics."""
-    group_rewards, advs, gar_logs = group_advantages(samples, cfg)
+def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController,
+               prepared: tuple[list, list, list] | None = None) -> dict:
+    """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics.
+
+    ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
+    """
+    group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg)
     rewards = [r for rs in group_rewards for r in rs]
     gids = [g for g, s in enumerate(samples) for _ in s.sequences]
-    keep = (dynamic_sampling(rewards, gids) if cfg.dynamic_sampling else None)
+    keep = (dynamic_sampling(rewards, gids, tol=cfg.sampling.reward_tol) if cfg.dynamic_sampling else None)
     kept = [g for g in range(len(samples)) if keep is None or g in keep.keep_groups]
-    out: dict[str, Any] = {"kept_fraction": len(kept) / len(samples),
+    out: dict[str, Any] = {"kept_fraction": len(kept) / len(samples) if samples else 0.0,
                            "gar_fallbacks": sum(1 for log in gar_logs if log["fallback"])}
     model.reset_expert_loads()
     if not kept:
@@ -188,17 +262,19 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
                    load_cold_share=None)
         return out
     batch = flatten([samples[g] for g in kept])
-    adv = torch.tensor([a for g in kept for a in advs[g]])  # [rows]: one context per sequence
+    seq_adv = torch.tensor([a for g in kept for a in advs[g]])  # [sequences]
+    adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
     if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
-        passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
-        adv = token_advantages(adv, batch.error_mask, batch.loss_mask, passed)[:, 1:]  # [B, T−1]
+        seq_passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
+        adv = token_advantages(adv, batch.error_mask, batch.loss_mask, seq_passed[batch.seq_ids], cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
     with qdq:
         routing = replay_indices(model, batch) if cfg.r3 else None
         model.train()
-        logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing)
+        cands = batch.topp_candidates if cfg.topp_replay else None
+        logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing, cands)
         return ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out)
 
 
@@ -233,14 +309,20 @@ def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, 
 
 
 def rollout_metrics(samples: list[Sample]) -> dict:
+    """Means over the batch's sequences: reward, pass rate, generated tokens, turns, and the toy world's needless
+    edits and format errors (0 for episodes that do not record them)."""
     seqs = [q for s in samples for q in s.sequences]
-    gen = [sum(len(seg) for seg in q.contexts[0].segments if seg.trainable) for q in seqs]
+    if not seqs:
+        return {"reward": 0.0, "pass_rate": 0.0, "gen_tokens": 0.0, "turns": 0.0, "needless_rate": 0.0,
+                "format_errors": 0.0}
     passed = [q for q in seqs if q.passed]
     return {"reward": statistics.mean(q.reward for q in seqs),
             "pass_rate": statistics.mean(bool(q.passed) for q in seqs),
-            "gen_tokens": statistics.mean(gen), "turns": statistics.mean(q.metadata["turns"] for q in seqs),
-            "needless_rate": (statistics.mean(q.metadata["needless_edits"] > 0 for q in passed) if passed else 0.0),
-            "format_errors": statistics.mean(q.metadata["format_errors"] for q in seqs)}
+            "gen_tokens": statistics.mean(generated_tokens(q) for q in seqs),
+            "turns": statistics.mean(q.metadata.get("turns", 0) for q in seqs),
+            "needless_rate": (statistics.mean(q.metadata.get("needless_edits", 0) > 0 for q in passed)
+                              if passed else 0.0),
+            "format_errors": statistics.mean(q.metadata.get("format_errors", 0) for q in seqs)}
 
 
 def evaluate(engine: InProcessEngine, cfg: RLConfig, seed_offset: int = 0) -> dict:
@@ -250,9 +332,65 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, seed_offset: int = 0) -> di
     state = engine.rng_state()
     engine.generator.manual_seed(777 + seed_offset)
     tasks = make_tasks(cfg.eval_tasks, seed=50_000 + cfg.seed, prefix="heldout")
-    m = rollout_metrics(play(engine, tasks, cfg.eval_samples, temperature=cfg.temperature, max_turns=cfg.max_turns))
+    groups = [episodes(t, cfg.eval_samples) for t in tasks]
+    m = rollout_metrics(rollout.play(engine, groups, cfg.rollout_settings(training=False)))
     engine.set_rng_state(state)
     return m
+
+
+# ---- one step's rollouts: over-sampling and refill (Report §4.1) ----------------------------------------------
+@dataclasses.dataclass
+class Collected:
+    """A step's rollouts: every group drawn, and the batch the step trains on with its prepared advantages."""
+
+    drawn: list[Sample]
+    batch: list[Sample]
+    prepared: tuple[list, list, list]
+    rounds: int
+    signal: int  # groups drawn whose rewards carry signal
+    dropped: int  # sequences dropped for infrastructure errors
+    findings: int  # recorded model errors the penalty module saw
+
+
+def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict) -> Collected:
+    """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
+
+    The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
+    seen last step (``state["keep_rate"]``), so the batch fills ``sampling.confidence`` of the time; then up to
+    ``refill_rounds`` more rounds draw for what is missing. Without dynamic sampling one round of ``prompts``.
+    ``roll(n)`` → n new groups (the synchronous driver or the partial-rollout buffer).
+    """
+    module = penalty_module(cfg)
+    need = cfg.prompts
+    n = prompts_to_draw(need, state["keep_rate"], cfg.sampling.confidence) if cfg.dynamic_sampling else need
+    drawn: list[Sample] = []
+    batch: list[Sample] = []
+    prepared: tuple[list, list, list] = ([], [], [])
+    rounds = dropped = findings = signal = 0
+    while True:
+        new, report = module.apply(roll(n))
+        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
+        drawn += new
+        rew, adv, logs = group_advantages(new, cfg)
+        keep = set(range(len(new)))
+        if cfg.dynamic_sampling:
+            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
+            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+        signal += len(keep)
+        for g in sorted(keep):
+            if len(batch) < need or not cfg.dynamic_sampling:
+                batch.append(new[g])
+                prepared[0].append(rew[g])
+                prepared[1].append(adv[g])
+                prepared[2].append(logs[g])
+        if not cfg.dynamic_sampling or len(batch) >= need or rounds >= cfg.refill_rounds:
+            break
+        rounds += 1
+        rate = max(len(batch) / max(len(drawn), 1), 0.05)
+        n = prompts_to_draw(need - len(batch), rate, cfg.sampling.confidence)
+    if cfg.dynamic_sampling and drawn:
+        state["keep_rate"] = max(min(signal / len(drawn), 1.0), 0.05)
+    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
@@ -322,6 +460,7 @@ def run_rl(cfg: RLConfig) -> dict:
         pool = make_tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
         buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
                   if cfg.staleness > 0 else None)
+        state = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
         start, sft_eval = 0, None
         ckpt = out / "checkpoint.pt"
         metrics_path = out / "metrics.jsonl"
@@ -333,7 +472,7 @@ def run_rl(cfg: RLConfig) -> dict:
             sync_weights(engine, model, c["step"], cfg)
             engine.set_rng_state(c["engine_rng"])
             rng.setstate(c["rng"])
-            controller.eps_high = c["eps_high"]
+            controller, state = c["controller"], c["sampler"]
             start, sft_eval, init_router = c["step"], c["sft_eval"], c["init_router"]
             buffer = c["buffer"]
             lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
@@ -346,26 +485,38 @@ def run_rl(cfg: RLConfig) -> dict:
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc=f"RL {cfg.advantage}", initial=start, total=cfg.steps, leave=False)
-        play_kw = dict(temperature=cfg.temperature, max_turns=cfg.max_turns, return_routed_experts=cfg.r3)
+        settings = cfg.rollout_settings()
+
+        def draw():  # one new group from the trainer's task stream (exact resume: rng is checkpointed)
+            return episodes(rng.choice(pool), cfg.group_size)
+
+        def roll(n: int) -> list[Sample]:
+            if buffer is not None:
+                return [smp for k in range(0, n, buffer.in_flight)
+                        for smp in buffer.collect(engine, min(buffer.in_flight, n - k), draw, settings)]
+            tasks = rng.sample(pool, n) if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
+            return rollout.play(engine, [episodes(t, cfg.group_size) for t in tasks], settings)
+
         for step in steps:
             t0 = time.perf_counter()
-            if buffer is None:  # synchronous: fresh groups, wait for the slowest episode
-                samples = play(engine, rng.sample(pool, cfg.prompts), cfg.group_size, **play_kw)
-            else:
-                samples = buffer.collect(engine, cfg.prompts, drawer(pool, rng), **play_kw)
+            got = collect(engine, cfg, roll, state)
             t1 = time.perf_counter()
-            row = {"step": step + 1, **rollout_metrics(samples), **version_lag(samples, engine.policy_version),
-                   **train_step(model, opt, samples, cfg, controller)}
-            n_seq, dt = sum(len(s.sequences) for s in samples), time.perf_counter() - t0
+            row = {"step": step + 1, **rollout_metrics(got.drawn), **version_lag(got.batch, engine.policy_version),
+                   **train_step(model, opt, got.batch, cfg, controller, got.prepared)}
+            row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
+                       groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
+                       recorded_errors=got.findings, entropy_target=controller.target)
+            n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
             # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
-            row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt, expired=buffer.expired if buffer else 0)
+            row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
+                       expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
             sync_weights(engine, model, step + 1, cfg)
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                             "engine_rng": engine.rng_state(), "rng": rng.getstate(), "eps_high": controller.eps_high,
-                             "sft_eval": sft_eval, "init_router": init_router,
+                             "engine_rng": engine.rng_state(), "rng": rng.getstate(), "controller": controller,
+                             "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
                              "buffer": buffer, "config": cfg.to_dict()}, ckpt)
         final_eval = evaluate(engine, cfg)
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]

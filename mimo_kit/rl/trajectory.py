@@ -35,8 +35,10 @@ class TrajectoryError(ValueError):
 class Segment:
     """One message of a context. Per-token lists have one entry per token id.
 
-    ``error_spans`` are ``(start, end, kind)`` token ranges (end exclusive) that a penalty rule flagged;
-    ``masked_spans`` are ranges a penalty strategy removed from the loss.
+    ``errors`` are ``(start, end, kind)`` token ranges (end exclusive) the environment or harness reported while
+    running (a malformed action, an unknown tool, unparsable arguments): facts of the run, recorded by the
+    rollout driver. ``error_spans`` are the ranges a penalty rule flagged for the segment penalty, and
+    ``masked_spans`` the ranges a penalty strategy removed from the loss: decisions of the penalty module.
     """
 
     role: str
@@ -46,6 +48,7 @@ class Segment:
     policy_versions: list[int] | None = None  # weights version that produced each token
     routed_experts: list[list[list[int]]] | None = None  # [tokens][layers][k] expert ids chosen at rollout
     topp_candidates: list[list[int]] | None = None  # [tokens][candidates] token ids of the sampling set
+    errors: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
     error_spans: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
     masked_spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)
     text: str | None = None  # optional decoded text, for rules and reading; never re-tokenised
@@ -219,11 +222,11 @@ def _segment(data: Any, where: str) -> Segment:
                 raise TrajectoryError(f"{where}.topp_candidates[{i}]: sampled token {tokens[i]} is not in its "
                                       f"candidate set {_short(c)}")
         seg.topp_candidates = cands
-    for key in ("error_spans", "masked_spans"):
+    for key in ("errors", "error_spans", "masked_spans"):
         spans = []
         for i, span in enumerate(_list(d.get(key, []), f"{where}.{key}")):
             span = _list(list(span) if isinstance(span, tuple) else span, f"{where}.{key}[{i}]")
-            width = 3 if key == "error_spans" else 2
+            width = 2 if key == "masked_spans" else 3
             if len(span) != width:
                 raise TrajectoryError(f"{where}.{key}[{i}]: got {_short(span)}, expected "
                                       f"{'[start, end, kind]' if width == 3 else '[start, end]'}")

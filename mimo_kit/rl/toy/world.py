@@ -44,7 +44,9 @@ import random
 from typing import Any
 
 from mimo_kit.grading.group import GroupWorkspace, Rollout, RuleGroupGrader
-from mimo_kit.rl.trajectory import Context, Sample, Segment, Sequence
+from mimo_kit.infra import rollout
+from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
+from mimo_kit.rl.trajectory import Sample, Segment
 
 PAD = "\x00"
 CHARS = PAD + "\n0123456789+-*:RESAfixokdner "
@@ -118,8 +120,12 @@ def make_tasks(n: int, seed: int, n_lines: int = 3, prefix: str = "t") -> list[T
 
 # ---- the environment ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass
-class Episode:
-    """One agent-loop run on a task: the program as edited so far and the action log."""
+class ToyEpisode:
+    """One agent-loop run on a task: the program as edited so far and the action log.
+
+    It speaks the rollout driver's :class:`~mimo_kit.infra.rollout.Episode` protocol: :meth:`prompt`,
+    :meth:`act` (one action's token ids → the tool output) and :meth:`outcome` (the world's own check).
+    """
 
     task: Task
     program: list[str] = dataclasses.field(default_factory=list)
@@ -171,6 +177,29 @@ class Episode:
         changed = {i for i, (a, b) in enumerate(zip(self.program, self.task.buggy)) if a != b}
         return len(changed - {self.task.bug_line - 1}) + max(0, len(self.program) - len(self.task.buggy))
 
+    # ---- the driver's Episode protocol ---------------------------------------------------------------------------
+    domain = "toy-code"
+
+    @property
+    def group_metadata(self) -> dict[str, Any]:
+        return {"task": dataclasses.asdict(self.task)}
+
+    def prompt(self) -> list[Segment]:
+        return [Segment("user", TOKENIZER.encode(self.task.prompt), text=self.task.prompt)]
+
+    def act(self, action: list[int], finish_reason: str) -> Turn:
+        """Apply one generated action; no newline within the budget is a malformed action (an error span)."""
+        text = TOKENIZER.decode(action)
+        obs = self.step(text[:-1] if finish_reason == "stop" else text)
+        observation = Segment("tool", TOKENIZER.encode(obs), text=obs) if obs else None
+        return Turn(observation, done=self.submitted, error="malformed_action" if obs == "err\n" else None,
+                    action_text=text)
+
+    def outcome(self) -> Outcome:
+        return Outcome(float(self.passed), self.passed,
+                       {"actions": list(self.actions), "needless_edits": self.needless_edits,
+                        "verified": self.verified, "format_errors": self.format_errors, "diff": self.diff()})
+
     def diff(self) -> str:
         """Unified diff of ``prog.txt`` (one line per program line), as the group grader reads patches."""
         body = difflib.unified_diff([ln + "\n" for ln in self.task.buggy], [ln + "\n" for ln in self.program],
@@ -205,7 +234,7 @@ def expert_dataset(tasks: list[Task], seed: int, mix: tuple[float, float, float]
     out = []
     for t in tasks:
         style = rng.choices(("clean", "needless", "wrong"), weights=mix)[0]
-        ep = Episode(t)
+        ep = ToyEpisode(t)
         ids, mask = TOKENIZER.encode(t.prompt), [False] * len(t.prompt)
         for a in expert_actions(t, style, rng, retry_prob):
             a_ids = TOKENIZER.encode(a + "\n")
@@ -218,109 +247,31 @@ def expert_dataset(tasks: list[Task], seed: int, mix: tuple[float, float, float]
     return out
 
 
-# ---- playing episodes through a rollout engine (token-in/token-out) ------------------------------------------------
-@dataclasses.dataclass
-class Slot:
-    """One episode in flight: its world state, its token segments and how it ended ("" while running)."""
-
-    task: Task
-    index: int  # rollout index within the group
-    episode: Episode
-    segments: list[Segment]
-    finish: str = ""
-
-    @classmethod
-    def start(cls, task: Task, index: int) -> Slot:
-        return cls(task, index, Episode(task), [Segment("user", TOKENIZER.encode(task.prompt), text=task.prompt)])
-
-    @property
-    def live(self) -> bool:
-        return not self.finish
-
-    def token_ids(self) -> list[int]:
-        return [t for s in self.segments for t in s.token_ids]
-
-    def oldest_version(self) -> int | None:
-        versions = [v for s in self.segments if s.policy_versions for v in s.policy_versions]
-        return min(versions) if versions else None
-
-    def to_sequence(self) -> Sequence:
-        ep = self.episode
-        return Sequence([Context(list(self.segments))], f"{self.task.task_id}/{self.index}", reward=float(ep.passed),
-                        passed=ep.passed, finish_reason=self.finish or "length",
-                        metadata={"actions": list(ep.actions), "needless_edits": ep.needless_edits,
-                                  "verified": ep.verified,
-                                  "turns": len(ep.actions), "format_errors": ep.format_errors, "diff": ep.diff()})
+# ---- the world as an episode of the rollout driver (token-in/token-out) -------------------------------------------
+def rollout_settings(temperature: float = 1.0, max_turns: int = 8, max_action_tokens: int = 5, *, top_p: float = 1.0,
+                     return_routed_experts: bool = False, return_candidates: bool = False) -> RolloutSettings:
+    """The driver's settings for toy episodes: an action is at most ``max_action_tokens`` and ends at newline."""
+    return RolloutSettings(max_turns=max_turns, max_action_tokens=max_action_tokens,
+                           stop_token_ids=(TOKENIZER.stop_id,), temperature=temperature, top_p=top_p,
+                           return_routed_experts=return_routed_experts, return_candidates=return_candidates)
 
 
-def advance(engine: Any, slots: list[Slot], *, temperature: float = 1.0, max_turns: int = 8,
-            max_action_tokens: int = 5, return_routed_experts: bool = False) -> int:
-    """One turn for every live slot: one batched ``engine.generate``, the actions applied, tool outputs appended.
-
-    Returns the number of slots advanced. A slot ends with ``"stop"`` at submit, ``"length"`` at ``max_turns``.
-    """
-    from mimo_kit.infra.engine import GenerationRequest
-
-    tok = TOKENIZER
-    live = [s for s in slots if s.live]
-    if not live:
-        return 0
-    reqs = [GenerationRequest(f"{s.task.task_id}/{s.index}", s.token_ids(), max_action_tokens, temperature=temperature,
-                              stop_token_ids=(tok.stop_id,), return_routed_experts=return_routed_experts)
-            for s in live]
-    for s, out in zip(live, engine.generate(reqs)):
-        n_ctx = sum(len(seg) for seg in s.segments)
-        routed = out.routed_experts[n_ctx:] if out.routed_experts is not None else None
-        if out.routed_experts is not None:  # the re-prefill routed the context too: fill segments that lack it
-            for seg, a in zip(s.segments, _offsets(s.segments)):
-                if seg.routed_experts is None:
-                    seg.routed_experts = out.routed_experts[a:a + len(seg)]
-        s.segments.append(Segment("assistant", list(out.token_ids), logprobs=list(out.logprobs),
-                                  policy_versions=[out.policy_version] * len(out.token_ids), routed_experts=routed,
-                                  text=tok.decode(out.token_ids)))
-        ep = s.episode
-        if out.finish_reason != "stop":  # no newline within the action budget: a malformed action
-            ep.step(tok.decode(out.token_ids))
-            obs = "err\n"
-        else:
-            obs = ep.step(tok.decode(out.token_ids[:-1]))
-        if obs == "err\n":  # the penalty module's "malformed action": the whole action segment is an error span
-            s.segments[-1].error_spans = [(0, len(out.token_ids), "malformed_action")]
-        if ep.submitted:
-            s.finish = "stop"
-        elif len(ep.actions) >= max_turns:
-            s.finish = "length"
-        elif obs:
-            s.segments.append(Segment("tool", tok.encode(obs), text=obs))
-    return len(live)
-
-
-def _offsets(segments: list[Segment]) -> list[int]:
-    out, a = [], 0
-    for seg in segments:
-        out.append(a)
-        a += len(seg)
-    return out
-
-
-def group_sample(task: Task, slots: list[Slot]) -> Sample:
-    return Sample(task.task_id, [s.to_sequence() for s in sorted(slots, key=lambda s: s.index)], domain="toy-code",
-                  metadata={"task": dataclasses.asdict(task)})
+def episodes(task: Task, group_size: int) -> tuple[str, list[ToyEpisode]]:
+    """One group for the driver: ``group_size`` fresh episodes of ``task``."""
+    return task.task_id, [ToyEpisode(task) for _ in range(group_size)]
 
 
 def play(engine: Any, tasks: list[Task], group_size: int, *, temperature: float = 1.0, max_turns: int = 8,
-         max_action_tokens: int = 5, return_routed_experts: bool = False) -> list[Sample]:
-    """Run ``group_size`` episodes per task through ``engine`` to the end; one :class:`Sample` per task.
+         max_action_tokens: int = 5, top_p: float = 1.0, return_routed_experts: bool = False,
+         return_candidates: bool = False) -> list[Sample]:
+    """Run ``group_size`` episodes per task through ``engine`` with the rollout driver; one Sample per task.
 
     Every context keeps the engine's exact token ids and logprobs (never re-tokenised), the policy version of each
     generated token, and the episode's outcome in ``Sequence.metadata``.
     """
-    groups = [[Slot.start(t, i) for i in range(group_size)] for t in tasks]
-    flat = [s for g in groups for s in g]
-    while advance(engine, flat, temperature=temperature, max_turns=max_turns, max_action_tokens=max_action_tokens,
-                  return_routed_experts=return_routed_experts):
-        pass
-    return [group_sample(t, g) for t, g in zip(tasks, groups)]
+    settings = rollout_settings(temperature, max_turns, max_action_tokens, top_p=top_p,
+                                return_routed_experts=return_routed_experts, return_candidates=return_candidates)
+    return rollout.play(engine, [episodes(t, group_size) for t in tasks], settings)
 
 
 def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):

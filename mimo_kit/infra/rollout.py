@@ -1,0 +1,248 @@
+"""The one rollout driver: many episodes stepped a turn at a time, one batched ``engine.generate`` per turn.
+
+Report §6.1 trains token-in/token-out on agent trajectories: every generated token keeps the exact id the engine
+sampled, its rollout logprob and the policy version stamped at dispatch, and optionally the routed experts (R3)
+and the top-p candidate set. This module is the only place the kit produces such trajectories: the RL trainer,
+its experiments, evaluation and the notebooks all roll out through :func:`advance` / :func:`play`, over any
+environment that speaks the small :class:`Episode` protocol:
+
+.. code-block:: text
+
+    episode.prompt()              → the first segments (system / user), token ids set
+    episode.act(action, reason)   → Turn: an observation segment, done, error spans, infra error, new context
+    episode.outcome()             → Outcome: reward, passed, metadata      (called once, when the episode ends)
+
+Each turn the driver sends one request per live episode (its current context) in one ``engine.generate`` call,
+so a whole batch of groups decodes together; the episode turns the action into an observation. An episode whose
+context manager rewrites history (compression, a sub-agent) returns ``Turn.new_context`` and the driver opens a
+new :class:`~mimo_kit.rl.trajectory.Context` (Report §6.1: one context is one training row).
+
+An aborted generation (``finish_reason == "abort"``, Report §4.1 partial rollouts) keeps its tokens as
+``Rollout.pending``; the next :func:`advance` resumes it with :func:`~mimo_kit.infra.engine.resume_request`,
+which re-prefills the prefix under the engine's current weights; the finished action carries both versions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from mimo_kit.infra.engine import GenerationOutput, GenerationRequest, resume_request
+from mimo_kit.rl.trajectory import Context, Sample, Segment
+from mimo_kit.rl.trajectory import Sequence as Trajectory
+
+
+@dataclasses.dataclass
+class Turn:
+    """What an episode returns for one action."""
+
+    observation: Segment | None = None  # appended to the context after the action (tool / user result)
+    done: bool = False  # the episode ended (submitted, or the environment ended it)
+    error: str | None = None  # the whole action is an error of this kind (malformed action, unknown tool)
+    error_spans: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)  # finer ranges in the action
+    infra_error: str | None = None  # the environment failed, not the model: the sequence ends as "infra_error"
+    new_context: list[Segment] | None = None  # history rewritten: the next context holds these segments
+    action_text: str | None = None  # the decoded action, kept on the segment for reading and penalty rules
+
+
+@dataclasses.dataclass
+class Outcome:
+    """An episode's grade: the reward, the pass/fail verdict and what the graders and metrics need."""
+
+    reward: float
+    passed: bool
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Episode(Protocol):
+    """One agent-loop run in one environment (a toy-world program, a harness around a sandboxed repo, ...)."""
+
+    def prompt(self) -> list[Segment]: ...
+
+    def act(self, action: list[int], finish_reason: str) -> Turn: ...
+
+    def outcome(self) -> Outcome: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSettings:
+    """Sampling and limits of a rollout; the trainer builds them from its config (no defaults of their own)."""
+
+    max_turns: int
+    max_action_tokens: int
+    stop_token_ids: tuple[int, ...]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    return_routed_experts: bool = False
+    return_candidates: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.max_action_tokens < 1:
+            raise ValueError(f"RolloutSettings: max_turns={self.max_turns}, max_action_tokens="
+                             f"{self.max_action_tokens}; expected both >= 1")
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One episode in flight: its contexts of segments, how it ended ("" while running), its outcome."""
+
+    episode: Any  # an Episode
+    group_id: str
+    index: int  # rollout index within the group
+    contexts: list[list[Segment]]
+    finish: str = ""
+    turns: int = 0
+    pending: tuple[GenerationRequest, GenerationOutput] | None = None  # an aborted action, resumed next turn
+    outcome: Outcome | None = None
+
+    @classmethod
+    def start(cls, episode: Any, group_id: str, index: int) -> Rollout:
+        prompt = list(episode.prompt())
+        if not prompt or not any(len(s) for s in prompt):
+            raise ValueError(f"rollout {group_id}/{index}: the episode's prompt has no tokens")
+        return cls(episode, group_id, index, [prompt])
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.group_id}/{self.index}"
+
+    @property
+    def live(self) -> bool:
+        return not self.finish
+
+    def token_ids(self) -> list[int]:
+        """The current context's tokens: what the model sees next."""
+        return [t for s in self.contexts[-1] for t in s.token_ids]
+
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among the generated tokens (aborted, pending ones included)."""
+        versions = [v for c in self.contexts for s in c if s.policy_versions for v in s.policy_versions]
+        if self.pending is not None and self.pending[1].token_ids:
+            versions.append(self.pending[1].policy_version)
+        return min(versions) if versions else None
+
+    def to_sequence(self) -> Trajectory:
+        o = self.outcome or Outcome(0.0, False, {})
+        return Trajectory([Context(list(c), f"ctx-{i}") for i, c in enumerate(self.contexts)], self.request_id,
+                          reward=float(o.reward), passed=bool(o.passed), finish_reason=self.finish or "length",
+                          metadata={**o.metadata, "turns": self.turns})
+
+
+def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[[], None] | None):
+    if on_step is not None and "on_step" in inspect.signature(engine.generate).parameters:
+        return engine.generate(requests, on_step=on_step)
+    return engine.generate(requests)
+
+
+def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings, *,
+            on_step: Callable[[], None] | None = None) -> int:
+    """One turn for every live rollout: one batched ``engine.generate``, each action handed to its episode.
+
+    ``on_step`` (engines that support it) is called between decode steps; it may call ``engine.abort()``. A rollout
+    ends with ``"stop"`` when its episode is done, ``"length"`` at ``max_turns`` and ``"infra_error"`` when the
+    environment failed. Returns the number of rollouts sent to the engine.
+    """
+    live = [r for r in rollouts if r.live]
+    if not live:
+        return 0
+    reqs = []
+    for r in live:
+        if r.pending is not None:
+            reqs.append(resume_request(*r.pending))
+        else:
+            reqs.append(GenerationRequest(r.request_id, r.token_ids(), settings.max_action_tokens,
+                                          temperature=settings.temperature, top_p=settings.top_p,
+                                          top_k=settings.top_k, stop_token_ids=settings.stop_token_ids,
+                                          return_routed_experts=settings.return_routed_experts,
+                                          return_candidates=settings.return_candidates))
+    outs = _generate(engine, reqs, on_step)
+    for r, req, out in zip(live, reqs, outs):
+        prev = r.pending
+        r.pending = None
+        ids, lps = list(out.token_ids), list(out.logprobs)
+        versions = [out.policy_version] * len(ids)
+        cands = list(out.candidates) if out.candidates is not None else None
+        if prev is not None:  # the aborted part was sampled by the older weights
+            p = prev[1]
+            ids, lps = list(p.token_ids) + ids, list(p.logprobs) + lps
+            versions = [p.policy_version] * len(p.token_ids) + versions
+            if cands is not None:
+                cands = list(p.candidates or [[] for _ in p.token_ids]) + cands
+        if out.finish_reason == "abort":
+            base = prev[0] if prev is not None else req
+            r.pending = (base, dataclasses.replace(out, token_ids=ids, logprobs=lps,
+                                                   policy_version=versions[0] if versions else out.policy_version,
+                                                   candidates=cands))
+            continue
+        n_ctx = sum(len(s) for s in r.contexts[-1])
+        routed = None
+        if out.routed_experts is not None:
+            routed = out.routed_experts[n_ctx:]
+            off = 0
+            for seg in r.contexts[-1]:  # the prefill routed the context too: fill segments that lack it
+                if seg.routed_experts is None:
+                    seg.routed_experts = out.routed_experts[off:off + len(seg)]
+                off += len(seg)
+        turn = r.episode.act(ids, out.finish_reason)
+        if not isinstance(turn, Turn):
+            raise TypeError(f"rollout {r.request_id}: episode.act returned {type(turn).__name__}, expected Turn")
+        seg = Segment("assistant", ids, logprobs=lps, policy_versions=versions, routed_experts=routed,
+                      topp_candidates=cands, text=turn.action_text)
+        seg.errors = ([(0, len(ids), turn.error)] if turn.error else []) + list(turn.error_spans)
+        r.contexts[-1].append(seg)
+        r.turns += 1
+        if turn.infra_error:
+            r.finish = "infra_error"
+        elif turn.done:
+            r.finish = "stop"
+        elif r.turns >= settings.max_turns:
+            r.finish = "length"
+        elif turn.new_context is not None:
+            r.contexts.append(list(turn.new_context))
+        elif turn.observation is not None:
+            r.contexts[-1].append(turn.observation)
+    return len(live)
+
+
+def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:
+    """Call ``outcome()`` once for every finished rollout not graded yet (``workers`` > 1: in threads, for
+    environments whose grading waits on a sandbox process). Returns how many were graded."""
+    todo = [r for r in rollouts if not r.live and r.outcome is None]
+    if workers > 1 and len(todo) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers) as pool:
+            results = list(pool.map(lambda r: r.episode.outcome(), todo))
+    else:
+        results = [r.episode.outcome() for r in todo]
+    for r, o in zip(todo, results):
+        if not isinstance(o, Outcome):
+            raise TypeError(f"rollout {r.request_id}: episode.outcome returned {type(o).__name__}, expected Outcome")
+        r.outcome = o
+    return len(todo)
+
+
+def group_sample(group_id: str, rollouts: Sequence[Rollout]) -> Sample:
+    """The finished group as one :class:`~mimo_kit.rl.trajectory.Sample` (rollouts in index order)."""
+    ep = rollouts[0].episode
+    return Sample(group_id, [r.to_sequence() for r in sorted(rollouts, key=lambda r: r.index)],
+                  domain=getattr(ep, "domain", "code"), metadata=dict(getattr(ep, "group_metadata", {}) or {}))
+
+
+def start_groups(groups: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str, list[Rollout]]]:
+    """``[(group_id, episodes), ...]`` → rollouts ready to step."""
+    return [(gid, [Rollout.start(ep, gid, i) for i, ep in enumerate(eps)]) for gid, eps in groups]
+
+
+def play(engine: Any, groups: Sequence[tuple[str, Sequence[Any]]], settings: RolloutSettings, *,
+         grade_workers: int = 1) -> list[Sample]:
+    """Run every episode of every group to its end, a turn at a time across all groups; one Sample per group."""
+    started = start_groups(groups)
+    flat = [r for _, rs in started for r in rs]
+    while advance(engine, flat, settings):
+        pass
+    grade(flat, grade_workers)
+    return [group_sample(gid, rs) for gid, rs in started]
