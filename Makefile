@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_grading.py
 	$(BIN)/python benchmarks/bench_spec.py
 	$(BIN)/python benchmarks/bench_rl.py
+	$(BIN)/python benchmarks/bench_rollout.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
