@@ -1,7 +1,5 @@
 """The mini-harness (Report §4.2): formats, tools, limits, context management, recorder, 7 configurations."""
 
-import json
-
 import pytest
 
 from mimo_kit.envs.code import shipped_tasks
@@ -11,18 +9,17 @@ from mimo_kit.harness import (
     HARNESSES,
     FormatError,
     HarnessConfig,
-    Recorder,
     ScriptedPolicy,
     ToolCall,
     error_segments,
     generated_segments,
     get_format,
-    load_sample,
     render_call,
     run_episode,
 )
 from mimo_kit.harness.envs import CodeEnv, CyberEnv
 from mimo_kit.harness.loop import manage_context, truncate
+from mimo_kit.rl import load_jsonl, save_jsonl
 
 TASK = next(t for t in shipped_tasks() if t.id == "stats-median")
 OLD = "    mid = len(values) // 2\n    return values[mid]\n"
@@ -49,21 +46,26 @@ def test_seven_configurations_four_train_three_held_out():
 
 
 @pytest.mark.parametrize("name", [n for n, h in HARNESSES.items() if "bash" in h.tools or "str_replace" in h.tools])
-def test_every_code_harness_solves_a_task_with_a_scripted_policy(name):
+def test_every_code_harness_solves_a_task_with_a_scripted_policy(name, tmp_path):
     h = HARNESSES[name]
     with CodeEnv(TASK) as env:
-        seq = run_episode(ScriptedPolicy(solve_script(h)), env, h)
-    assert seq["reward"] == 1.0 and seq["finish_reason"] == "submitted"
+        sample = run_episode(ScriptedPolicy(solve_script(h)), env, h)
+    seq = sample.sequences[0]
+    assert seq.reward == 1.0 and seq.passed and seq.metadata["finish"] == "submitted"
     errs = error_segments(seq)
-    assert len(errs) == 1 and errs[0]["error"]["kind"] == "format"  # the chatty turn became an error segment
+    assert len(errs) == 1 and errs[0]["kind"] == "format"  # the chatty turn became a recorded error
+    assert errs[0]["action"] == "I think I should look around" and errs[0]["feedback"].startswith("\n### tool")
     assert len(generated_segments(seq)) == 4
+    # one schema: the harness episode saves and loads as the trainer's trajectories, token for token
+    [back] = load_jsonl(save_jsonl([sample], tmp_path / "s.jsonl"))
+    assert back.to_dict() == sample.to_dict()
 
 
 def test_without_a_fix_the_reward_is_zero():
     h = HARNESSES["mini-bash"]
     with CodeEnv(TASK) as env:
-        seq = run_episode(ScriptedPolicy([render_call("fenced", "submit", {})]), env, h)
-    assert seq["reward"] == 0.0 and seq["finish_reason"] == "submitted"
+        seq = run_episode(ScriptedPolicy([render_call("fenced", "submit", {})]), env, h).sequences[0]
+    assert seq.reward == 0.0 and not seq.passed and seq.metadata["finish"] == "submitted"
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
@@ -84,23 +86,26 @@ def test_malformed_calls_become_error_segments_and_limits_stop_the_loop():
                render_call("openai", "view", {"path": "../../etc/passwd"}),
                render_call("openai", "view", {"pth": "x"}), "not json", "still not json", "never reached"]
     with CodeEnv(TASK) as env:
-        seq = run_episode(ScriptedPolicy(replies), env, h)
-    msgs = [s["error"]["message"] for s in error_segments(seq)]
-    assert seq["finish_reason"] == "format_errors" and seq["reward"] == 0.0
+        seq = run_episode(ScriptedPolicy(replies), env, h).sequences[0]
+    errs = error_segments(seq)
+    msgs = [e["feedback"] for e in errs]
+    assert seq.metadata["finish"] == "format_errors" and seq.reward == 0.0
     assert "unknown tool 'nope'" in msgs[0] and "path=3, expected string" in msgs[1]
     assert "outside the workspace" in msgs[2] and "unknown argument 'pth'" in msgs[3]
-    assert [s["error"]["kind"] for s in error_segments(seq)][-2:] == ["format", "format"]
+    assert [e["kind"] for e in errs] == ["unknown_tool", "tool_arguments", "tool_arguments", "tool_arguments",
+                                         "format", "format"]
     with CodeEnv(TASK) as env:
         seq = run_episode(ScriptedPolicy([render_call("fenced", "bash", {"command": "true"})]), env,
-                          HarnessConfig(max_steps=3))
-    assert seq["finish_reason"] == "max_steps" and len(generated_segments(seq)) == 3
+                          HarnessConfig(max_steps=3)).sequences[0]
+    assert seq.metadata["finish"] == "max_steps" and len(generated_segments(seq)) == 3
 
     def boom(messages):
         raise RuntimeError("engine down")
 
     with CodeEnv(TASK) as env:
-        seq = run_episode(boom, env, "mini-bash")
-    assert seq["finish_reason"] == "policy_error" and error_segments(seq)[0]["error"]["kind"] == "infra"
+        seq = run_episode(boom, env, "mini-bash").sequences[0]
+    assert seq.finish_reason == "infra_error" and error_segments(seq)[-1]["kind"] == "infra"
+    assert "engine down" in seq.metadata["infra_error"]
 
 
 def test_symlink_escape_is_refused():
@@ -108,8 +113,8 @@ def test_symlink_escape_is_refused():
         (env.workspace.root / "link").symlink_to("/etc")
         seq = run_episode(ScriptedPolicy([render_call("openai", "view", {"path": "link/hostname"}),
                                           render_call("openai", "submit", {})]), env,
-                          HarnessConfig(action_format="openai", tools=("view", "submit")))
-    assert "outside the workspace" in error_segments(seq)[0]["error"]["message"]
+                          HarnessConfig(action_format="openai", tools=("view", "submit"))).sequences[0]
+    assert "outside the workspace" in error_segments(seq)[0]["feedback"]
 
 
 def test_context_management_truncates_elides_and_branches(tmp_path):
@@ -122,19 +127,53 @@ def test_context_management_truncates_elides_and_branches(tmp_path):
     h = HarnessConfig(keep_last=1)
     cmds = [render_call("fenced", "bash", {"command": f"echo {i}"}) for i in range(3)] + [
         render_call("fenced", "submit", {})]
-    rec = Recorder("p")
     with CodeEnv(TASK) as env:
-        seq = run_episode(ScriptedPolicy(cmds), env, h, recorder=rec)
-    assert len(seq["contexts"]) >= 2 and seq["contexts"][1]["parent"] == seq["contexts"][0]["context_id"]
-    assert any(s["replayed"] and "elided" in s["text"] for s in seq["contexts"][1]["segments"])
+        sample = run_episode(ScriptedPolicy(cmds), env, h)
+    seq = sample.sequences[0]
+    assert len(seq.contexts) >= 2
+    replayed = [sg for sg in seq.contexts[1].segments if sg.role == "assistant" and sg.source == "env"]
+    assert replayed and not any(sg.trainable for sg in replayed)  # history in a new context is not trained twice
+    assert seq.contexts[1].segments[-1].trainable  # the model acts on in the new context
+    assert any("elided" in (sg.text or "") for sg in seq.contexts[1].segments)
     assert len(generated_segments(seq)) == 4  # replays are not double counted
-    loaded = load_sample(rec.save(tmp_path / "s.json"))
-    assert loaded == json.loads(json.dumps(rec.sample)) and loaded["sequences"][0]["reward"] == seq["reward"]
+    [back] = load_jsonl(save_jsonl([sample], tmp_path / "s.jsonl"))
+    assert back.to_dict() == sample.to_dict() and back.sequences[0].reward == seq.reward
 
 
 def test_cyber_episode_through_the_harness():
     target = next(t for t in shipped_targets() if t.id == "session-use-after-free")
     with CyberEnv(target) as env:
         seq = run_episode(ScriptedPolicy([render_call("fenced", "bash", {"command": "printf ORCR > poc.bin"}),
-                                          render_call("fenced", "submit", {})]), env, "mini-bash")
-    assert seq["reward"] == 1.0, seq["metrics"]["grade"]
+                                          render_call("fenced", "submit", {})]), env, "mini-bash").sequences[0]
+    assert seq.reward == 1.0, seq.metadata["grade"]
+
+
+def test_a_model_acts_in_the_harness_through_the_rollout_driver(tmp_path):
+    """Two episodes of a tiny byte-level model in one batched rollout: every action is stored token-in/token-out
+    with its rollout logprobs, which the trainer's forward on the stored tokens reproduces."""
+    import torch
+
+    from mimo_kit.harness import ByteTokenizer, HarnessEpisode, harness_settings
+    from mimo_kit.infra import InProcessEngine
+    from mimo_kit.infra.rollout import play
+    from mimo_kit.model import MiMoConfig, MiMoForCausalLM
+    from mimo_kit.rl.trainer import policy_logprobs
+    from mimo_kit.rl.trajectory import flatten
+
+    torch.manual_seed(0)
+    tok = ByteTokenizer()
+    model = MiMoForCausalLM(MiMoConfig.preset("tiny", vocab_size=tok.vocab_size)).eval()
+    h = HarnessConfig(max_steps=2, max_format_errors=5)
+    with CodeEnv(TASK) as e1, CodeEnv(TASK) as e2:
+        eps = [HarnessEpisode(e1, h, tok), HarnessEpisode(e2, h, tok)]
+        [sample] = play(InProcessEngine(model, seed=0), [("stats", eps)],
+                        harness_settings(h, tok, max_action_tokens=12))
+    assert [len(generated_segments(q)) for q in sample.sequences] == [2, 2]
+    assert all(e["kind"] in ("format", "truncated") for q in sample.sequences for e in error_segments(q))
+    batch = flatten([sample])
+    with torch.no_grad():
+        logp, _ = policy_logprobs(model, batch.input_ids, 1.0)
+    m = batch.loss_mask[:, 1:]
+    torch.testing.assert_close(logp[m], batch.logprobs[:, 1:].float()[m], atol=1e-4, rtol=0)
+    [back] = load_jsonl(save_jsonl([sample], tmp_path / "s.jsonl"))
+    assert back.to_dict() == sample.to_dict()

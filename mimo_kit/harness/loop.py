@@ -1,14 +1,16 @@
-"""The minimal agent loop and its swappable modules (Report §4.2 *multi-harness*; in the spirit of mini-swe-agent).
+"""The mini-harness's swappable modules and its configurations (Report §4.2 *multi-harness*; in the spirit of
+mini-swe-agent).
 
 The report trains on minimal, decoupled mini-harnesses recombined from one agent loop (system prompt, tools,
-context management), one configuration per domain, and evaluates on held-out harnesses. The loop::
+context management), one configuration per domain, and evaluates on held-out harnesses. The loop, one turn of
+which is :meth:`mimo_kit.harness.episode.HarnessEpisode.act`, stepped by the rollout driver::
 
     messages = prompt_builder(env, tools)              # system + user (the task)
     until a limit or submit:
         text = policy(context_manager(messages))       # what the model sees is managed
-        calls = action_format.parse(text)              # malformed → an error segment with feedback
-        observation = tool_registry.call(...)          # bad arguments / unknown tool → an error segment
-        recorder.add(...)                              # Sample ⊃ Sequence ⊃ Context ⊃ Segment
+        calls = action_format.parse(text)              # malformed → a recorded error with feedback
+        observation = tool_registry.call(...)          # bad arguments / unknown tool → a recorded error
+                                                       # the driver records Sample ⊃ Sequence ⊃ Context ⊃ Segment
 
 Every module is a field of :class:`HarnessConfig`; :data:`HARNESSES` holds 7 named configurations, 4 for training
 and 3 held out for evaluation (styled after codex, claude code and mini-swe-agent, as in Report §4.2).
@@ -18,16 +20,13 @@ Limits are explicit: steps, wall time, consecutive format errors.
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable
 from typing import Literal, Protocol
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.harness.formats import FormatError, get_format
-from mimo_kit.harness.record import Recorder
+from mimo_kit.harness.formats import get_format
 from mimo_kit.harness.tools import (
     Tool,
-    ToolError,
     ToolRegistry,
     Workspace,
     bash_tool,
@@ -155,71 +154,3 @@ def make_registry(cfg: HarnessConfig, env: Env) -> ToolRegistry:
         for t in env.domain_tools():
             reg.register(t)
     return reg
-
-
-# ---- the loop -----------------------------------------------------------------------------------------------------
-def run_episode(policy: Policy, env: Env, cfg: HarnessConfig | str = "mini-bash", *,
-                recorder: Recorder | None = None, sequence_id: str = "seq-0") -> dict:
-    """Run one episode; returns the recorded Sequence (a dict, schema in ``harness.record``) with its reward."""
-    cfg = get_harness(cfg) if isinstance(cfg, str) else cfg
-    fmt = get_format(cfg.action_format)
-    tools = make_registry(cfg, env)
-    rec = recorder or Recorder()
-    seq = rec.start_sequence(sequence_id, harness=cfg.name)
-    messages = build_prompt(cfg, env, tools)
-    for m in messages:
-        rec.add(seq, m["role"], m["content"])
-    t0 = time.monotonic()
-    finish, format_errors, seen = "max_steps", 0, None
-    for step in range(cfg.max_steps):
-        if time.monotonic() - t0 > cfg.max_wall_s:
-            finish = "timeout"
-            break
-        view = manage_context(messages, cfg.keep_last)
-        if seen is not None and view[: len(seen)] != seen:
-            rec.branch(seq, view)  # the model's context changed under it: a new Context (Report §6)
-        seen = view
-        try:
-            text = policy(view)
-        except Exception as e:  # noqa: BLE001 - an engine failure is infrastructure, not a model error
-            rec.add(seq, "system", f"policy failed: {e}", step=step, error={"kind": "infra", "message": str(e)})
-            finish = "policy_error"
-            break
-        rec.add(seq, "assistant", text, generated=True, step=step)
-        messages.append({"role": "assistant", "content": text})
-        try:
-            calls = fmt.parse(text)
-        except FormatError as e:
-            format_errors += 1
-            feedback = f"Format error: {e}"
-            rec.add(seq, "tool", feedback, step=step, error={"kind": "format", "message": str(e)})
-            messages.append({"role": "tool", "content": feedback})
-            if format_errors >= cfg.max_format_errors:
-                finish = "format_errors"
-                break
-            continue
-        format_errors = 0
-        done = False
-        for call in calls:
-            try:
-                obs = tools.call(call.name, call.arguments)
-                err = None
-            except ToolError as e:
-                obs, err = f"Tool error: {e}", {"kind": "tool", "message": str(e)}
-            except Exception as e:  # noqa: BLE001 - a tool bug must not crash the loop
-                obs, err = f"Tool error: {type(e).__name__}: {e}", {"kind": "tool", "message": str(e)}
-            obs = truncate(obs, cfg.obs_max_chars)
-            rec.add(seq, "tool", obs, step=step, error=err, tool_call={"name": call.name, "arguments": call.arguments})
-            messages.append({"role": "tool", "content": obs})
-            if err is None and call.name in tools.tools and tools.tools[call.name].ends_episode:
-                done = True
-                break
-        if done:
-            finish = "submitted"
-            break
-    grade = env.grade()
-    rec.finish(seq, reward=float(grade.get("reward", 0.0)), finish_reason=finish,
-               metrics={"steps": sum(1 for m in messages if m["role"] == "assistant"),
-                        "wall_s": round(time.monotonic() - t0, 3), "commands": list(env.workspace.commands),
-                        "grade": {k: v for k, v in grade.items() if isinstance(v, (int, float, str, bool, list))}})
-    return seq

@@ -97,6 +97,7 @@ class Rollout:
     turns: int = 0
     pending: tuple[GenerationRequest, GenerationOutput] | None = None  # an aborted action, resumed next turn
     outcome: Outcome | None = None
+    infra_error: str | None = None  # what failed, when the environment ended the run
 
     @classmethod
     def start(cls, episode: Any, group_id: str, index: int) -> Rollout:
@@ -128,7 +129,8 @@ class Rollout:
         o = self.outcome or Outcome(0.0, False, {})
         return Trajectory([Context(list(c), f"ctx-{i}") for i, c in enumerate(self.contexts)], self.request_id,
                           reward=float(o.reward), passed=bool(o.passed), finish_reason=self.finish or "length",
-                          metadata={**o.metadata, "turns": self.turns})
+                          metadata={**o.metadata, "turns": self.turns,
+                                    **({"infra_error": self.infra_error} if self.infra_error else {})})
 
 
 def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[[], None] | None):
@@ -195,7 +197,7 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
         r.contexts[-1].append(seg)
         r.turns += 1
         if turn.infra_error:
-            r.finish = "infra_error"
+            r.finish, r.infra_error = "infra_error", turn.infra_error
         elif turn.done:
             r.finish = "stop"
         elif r.turns >= settings.max_turns:

@@ -1,0 +1,216 @@
+"""The mini-harness as an episode of the rollout driver: the agent loop, token-in/token-out (Report §4.2, §6.1).
+
+A :class:`HarnessEpisode` wraps one harness configuration (prompt, action format, tools, context manager,
+limits; :class:`~mimo_kit.harness.loop.HarnessConfig`) around an environment and a tokenizer and speaks the driver's
+Episode protocol (:mod:`mimo_kit.infra.rollout`), so a model acts in the harness through the same batched rollouts
+the trainer uses, and every episode is recorded in the one trajectory schema (``Sample`` ⊃ ``Sequence`` ⊃
+``Context`` ⊃ ``Segment``) that :func:`mimo_kit.rl.load_jsonl` reads back.
+
+**The chat layout** the model sees (the kit's minimal one; one token stream per context)::
+
+    ### system\n<system prompt + tool list><END>\n### user\n<task><END>\n### assistant\n
+    <action><END>                                                           ← generated, ends at the stop token
+    \n### tool\n<observation><END>\n### assistant\n                         ← one tool block per call
+
+``END`` is the tokenizer's end-of-turn token (the driver's stop token). **Errors** the harness meets while running
+land on the action's segment as ``Segment.errors``: ``format`` (the action does not parse), ``unknown_tool``,
+``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end of turn within the token budget); the
+feedback the model gets is the observation. A tool that crashes or a policy that fails is the infrastructure's
+fault: the sequence ends as ``infra_error`` and the penalty module drops it instead of punishing the model.
+**Context management** that rewrites earlier messages (``keep_last``) opens a new context holding the rewritten
+history (its turns are context there, ``source="env"``, never trained twice).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mimo_kit.harness.formats import FormatError, get_format
+from mimo_kit.harness.loop import HarnessConfig, build_prompt, get_harness, make_registry, manage_context, truncate
+from mimo_kit.harness.tools import ToolError
+from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
+from mimo_kit.rl.trajectory import Segment
+
+
+class ByteTokenizer:
+    """UTF-8 bytes (ids 0–255) plus ``END`` (256, end of turn: the stop token) and ``PAD`` (257): any text round-trips,
+    no training needed. A model with a learned tokenizer passes any object with ``encode``, ``decode``, ``end_id``."""
+
+    vocab_size, end_id, pad_id = 258, 256, 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def header(role: str) -> str:
+    return f"### {role}\n"
+
+
+class HarnessEpisode:
+    """One agent-loop run of a harness configuration in an environment (the driver's Episode protocol)."""
+
+    def __init__(self, env: Any, cfg: HarnessConfig | str, tokenizer: Any, *, domain: str = "code"):
+        self.env, self.tok, self.domain = env, tokenizer, domain
+        self.cfg = get_harness(cfg) if isinstance(cfg, str) else cfg
+        self.fmt = get_format(self.cfg.action_format)
+        self.tools = make_registry(self.cfg, env)
+        self.messages = build_prompt(self.cfg, env, self.tools)
+        self.view = list(manage_context(self.messages, self.cfg.keep_last))  # a snapshot: what the model saw
+        self.steps = self.format_errors = 0
+        self.finish = ""
+        self.policy_error: str | None = None  # set by a text-policy engine whose policy raised
+        self.t0 = time.monotonic()
+        self.group_metadata = {"harness": self.cfg.name, "instruction": env.instruction}
+
+    # ---- rendering ----------------------------------------------------------------------------------------------
+    def _block(self, m: dict, first: bool) -> str:
+        return ("" if first else "\n") + header(m["role"]) + m["content"]
+
+    def _segment(self, m: dict, first: bool, tail: str = "", source: str = "") -> Segment:
+        text = self._block(m, first)
+        ids = self.tok.encode(text) + [self.tok.end_id] + self.tok.encode("\n" + tail if tail else "\n")
+        role = m["role"] if m["role"] in ("system", "user", "tool") else "assistant"
+        return Segment(role, ids, source=source, text=text + "<END>\n" + tail)
+
+    def render(self, messages: list[dict], replayed: bool = False) -> list[Segment]:
+        """Segments of ``messages`` in the chat layout, the last one ending with the assistant header."""
+        segs = []
+        for i, m in enumerate(messages):
+            last = i == len(messages) - 1
+            segs.append(self._segment(m, i == 0, header("assistant") if last else "",
+                                      source="env" if replayed and m["role"] == "assistant" else ""))
+        return segs
+
+    def prompt(self) -> list[Segment]:
+        return self.render(self.view)
+
+    # ---- one action ---------------------------------------------------------------------------------------------
+    def act(self, action: list[int], finish_reason: str) -> Turn:
+        """Parse the action, call the tools, return the observation (Report §4.2's loop, one turn)."""
+        self.steps += 1
+        if self.policy_error is not None:
+            self.finish = "policy_error"
+            return Turn(done=True, infra_error=f"policy failed: {self.policy_error}")
+        ended = finish_reason == "stop" and action and action[-1] == self.tok.end_id
+        text = self.tok.decode(action[:-1] if ended else action)
+        self.messages.append({"role": "assistant", "content": text})
+        observations, error, done = [], None, False
+        if not ended:
+            error = "truncated"
+            observations.append("Format error: the action did not end within the token budget")
+            self.format_errors += 1
+        else:
+            try:
+                calls = self.fmt.parse(text)
+            except FormatError as e:
+                calls, error = [], "format"
+                observations.append(f"Format error: {e}")
+                self.format_errors += 1
+            else:
+                self.format_errors = 0
+            for call in calls:
+                try:
+                    obs = self.tools.call(call.name, call.arguments)
+                except ToolError as e:
+                    obs = f"Tool error: {e}"
+                    error = error or ("unknown_tool" if call.name not in self.tools.tools else "tool_arguments")
+                except Exception as e:  # noqa: BLE001 - a crashing tool is the infrastructure's fault
+                    self.finish = "infra_error"
+                    return Turn(done=True, infra_error=f"tool {call.name!r} crashed: {type(e).__name__}: {e}",
+                                action_text=text)
+                observations.append(truncate(obs, self.cfg.obs_max_chars))
+                if call.name in self.tools.tools and self.tools.tools[call.name].ends_episode and \
+                        not obs.startswith("Tool error"):
+                    done, self.finish = True, "submitted"
+                    break
+        for obs in observations:
+            self.messages.append({"role": "tool", "content": obs})
+        if not done and self.format_errors >= self.cfg.max_format_errors:
+            done, self.finish = True, "format_errors"
+        elif not done and self.steps >= self.cfg.max_steps:
+            done, self.finish = True, "max_steps"
+        elif not done and time.monotonic() - self.t0 > self.cfg.max_wall_s:
+            done, self.finish = True, "timeout"
+        if done:
+            return Turn(done=True, error=error, action_text=text)
+        n_new = len(observations)
+        view = list(manage_context(self.messages, self.cfg.keep_last))
+        old_prefix = self.view + [self.messages[-n_new - 1]]
+        if view[: len(old_prefix)] != old_prefix:  # the manager rewrote what the model saw: a new context
+            self.view = view
+            return Turn(error=error, new_context=self.render(view, replayed=True), action_text=text)
+        self.view = view
+        blocks = "".join(self._block(m, False) + "<END>" for m in view[-n_new:]) if n_new else ""
+        ids: list[int] = []
+        for m in view[-n_new:]:
+            ids += self.tok.encode(self._block(m, False)) + [self.tok.end_id]
+        ids += self.tok.encode("\n" + header("assistant"))
+        return Turn(Segment("tool", ids, text=blocks + "\n" + header("assistant")), error=error, action_text=text)
+
+    def outcome(self) -> Outcome:
+        """The environment's grade, called once after the episode ended (submit or a limit)."""
+        grade = self.env.grade()
+        reward = float(grade.get("reward", 0.0))
+        passed = bool(grade.get("passed", grade.get("tests_passed", reward >= 1.0)))
+        return Outcome(reward, passed and reward > 0, {
+            "harness": self.cfg.name, "finish": self.finish or "max_steps", "steps": self.steps,
+            "wall_s": round(time.monotonic() - self.t0, 3), "commands": list(self.env.workspace.commands),
+            "grade": {k: v for k, v in grade.items() if isinstance(v, (int, float, str, bool, list))}})
+
+
+def harness_settings(cfg: HarnessConfig, tokenizer: Any, *, max_action_tokens: int = 512,
+                     temperature: float = 1.0, top_p: float = 1.0) -> RolloutSettings:
+    """The driver's settings for harness episodes: the harness's step limit, the tokenizer's end of turn."""
+    return RolloutSettings(max_turns=cfg.max_steps, max_action_tokens=max_action_tokens,
+                           stop_token_ids=(tokenizer.end_id,), temperature=temperature, top_p=top_p)
+
+
+# ---- a text policy behind the engine protocol, and one episode end to end -------------------------------------------
+class PolicyEngine:
+    """A text policy (messages → reply) behind the rollout-engine protocol, so a scripted or API policy rolls out
+    through the same driver and lands in the same schema as a model. Its tokens carry logprob 0 (the policy is
+    not a distribution the trainer can score) and version 0; a policy that raises marks its episode, which ends as
+    an infrastructure error."""
+
+    policy_version = 0
+
+    def __init__(self, episodes: dict[str, tuple[Any, HarnessEpisode]]):
+        self.episodes = episodes  # request id → (policy, episode)
+
+    def generate(self, requests: Sequence[Any]) -> list[Any]:
+        from mimo_kit.infra.engine import GenerationOutput
+
+        outs = []
+        for r in requests:
+            policy, ep = self.episodes[r.request_id]
+            try:
+                ids = ep.tok.encode(policy(ep.view)) + [ep.tok.end_id]
+            except Exception as e:  # noqa: BLE001 - an engine failure is infrastructure, not a model error
+                ep.policy_error, ids = f"{type(e).__name__}: {e}", [ep.tok.end_id]
+            outs.append(GenerationOutput(r.request_id, ids, [0.0] * len(ids), "stop", self.policy_version))
+        return outs
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        raise TypeError("PolicyEngine wraps a text policy; it has no weights to update")
+
+    def abort(self) -> None:
+        pass
+
+
+def run_episode(policy: Any, env: Any, cfg: HarnessConfig | str = "mini-bash", *, tokenizer: Any = None,
+                sequence_id: str = "episode", domain: str = "code"):
+    """Run one episode of ``policy`` (messages → reply text) in ``env`` under harness ``cfg`` through the rollout
+    driver; returns the recorded :class:`~mimo_kit.rl.trajectory.Sample` (one sequence) in the one schema."""
+    from mimo_kit.infra.rollout import play
+
+    tok = tokenizer or ByteTokenizer()
+    ep = HarnessEpisode(env, cfg, tok, domain=domain)
+    engine = PolicyEngine({f"{sequence_id}/0": (policy, ep)})
+    settings = harness_settings(ep.cfg, tok, max_action_tokens=10**9)
+    [sample] = play(engine, [(sequence_id, [ep])], settings)
+    return sample
