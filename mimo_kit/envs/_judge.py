@@ -82,7 +82,12 @@ class Conn:
         if reply.get("stop") is True:
             raise StopIteration
         if type(reply.get("exc")) is dict:
-            raise self.exception(reply["exc"])
+            try:
+                exc = self.exception(reply["exc"])
+            except (_wire.WireError, TypeError, ValueError) as e:
+                self.dead = f"the agent's process sent a malformed exception ({e})"[:300]
+                raise WorkerGone(self.dead) from None
+            raise exc
         self.dead = "the agent's process sent a malformed answer"
         raise WorkerGone(self.dead)
 
@@ -94,22 +99,32 @@ class Conn:
             self.remotes[hid] = Remote(self, hid, str(h.get("type", "?"))[:60])
         return self.remotes[hid]
 
-    def exc_class(self, h, parent=None):
-        """A local class standing for an agent exception class (so ``except TheirError`` works in a test)."""
-        hid = h["id"]
-        if hid not in self.exc_classes:
-            base = parent or _builtin_exception(h.get("bases"))
-            name = str(h.get("name") or "AgentException")[:60]
-            self.exc_classes[hid] = type(name, (base,), {"_remote_id": hid, "__module__": "agent"})
-        return self.exc_classes[hid]
+    def exc_class(self, h):
+        """A local class standing for an agent exception class, derived from local classes for its agent-defined
+        ancestors and from the built-in classes it derives from (never a skip, never SystemExit)."""
+        chain = h.get("chain") if type(h.get("chain")) is list else []
+        if not chain:
+            return _builtin_exception(h.get("bases"))
+        parent = None
+        for entry in reversed(chain):  # most basic agent class first
+            if not (type(entry) is list and len(entry) == 3 and type(entry[0]) is int):
+                raise _wire.WireError("malformed exception class chain")
+            cid, name, builtin_names = entry
+            if cid not in self.exc_classes:
+                builtin = _builtin_exception(builtin_names)
+                bases = (parent,) if parent is not None else ()
+                if parent is None or not issubclass(parent, builtin):
+                    bases += (builtin,)
+                self.exc_classes[cid] = type(str(name)[:60] or "AgentException", bases,
+                                             {"_remote_id": cid, "__module__": "agent"})
+            parent = self.exc_classes[cid]
+        return parent
 
     def exception(self, info):
-        classes = [c for c in info.get("classes") or [] if type(c) is dict and type(c.get("id")) is int]
-        parent = None
-        for c in reversed(classes):  # most basic agent class first, so subclasses derive from their parents
-            parent = self.exc_class({**c, "bases": info.get("builtin")}, parent)
-        cls = parent or _builtin_exception(info.get("builtin"))
-        return cls(str(info.get("msg", ""))[:500])
+        cls = info.get("cls")
+        if type(cls) is not dict or cls.get("kind") != "exc_class":
+            raise _wire.WireError("an exception without its class")
+        return self.exc_class(cls)(str(info.get("msg", ""))[:500])
 
 
 def _builtin_exception(names):

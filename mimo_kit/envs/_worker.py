@@ -35,6 +35,10 @@ OPS = {
 }
 
 
+def _is_builtin(cls):
+    return getattr(builtins, cls.__name__, None) is cls
+
+
 class Handles:
     """id -> object, and the same id for the same object every time (identity survives the wire)."""
 
@@ -42,34 +46,36 @@ class Handles:
         self.objects = {}
         self.ids = {}
 
-    def handle_of(self, obj):
+    def _id(self, obj):
         key = id(obj)
         if key not in self.ids:
             self.ids[key] = len(self.objects) + 1
             self.objects[self.ids[key]] = obj
-        kind = "exc_class" if isinstance(obj, type) and issubclass(obj, BaseException) else "object"
-        builtin_bases = [c.__name__ for c in obj.__mro__ if getattr(builtins, c.__name__, None) is c] \
-            if kind == "exc_class" else []
-        return {"t": "h", "id": self.ids[key], "kind": kind, "type": type(obj).__name__,
-                "name": str(getattr(obj, "__name__", "")) if kind == "exc_class" else "", "bases": builtin_bases}
+        return self.ids[key]
+
+    def handle_of(self, obj):
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            # an exception class: its agent-defined ancestry and, per class, the built-in classes it derives from,
+            # so the judge can build matching local classes (``except TheirError`` and ``except ValueError`` work)
+            chain = [[self._id(c), str(c.__name__), [b.__name__ for b in c.__mro__ if _is_builtin(b)]]
+                     for c in obj.__mro__ if not _is_builtin(c)]
+            return {"t": "h", "id": self._id(obj), "kind": "exc_class", "chain": chain,
+                    "bases": [b.__name__ for b in obj.__mro__ if _is_builtin(b)]}
+        return {"t": "h", "id": self._id(obj), "kind": "object", "type": str(type(obj).__name__)}
 
     def resolve(self, h):
         try:
             return self.objects[h["id"]]
-        except KeyError:
-            raise _wire.WireError(f"unknown handle {h['id']}") from None
+        except (KeyError, TypeError):
+            raise _wire.WireError(f"unknown handle {h!r}"[:200]) from None
 
 
 def describe_exception(e, handles):
     try:
-        mro = type(e).__mro__
         msg = str(e)
-        return {"type": str(type(e).__name__), "msg": msg[-500:] if type(msg) is str else "",
-                "classes": [handles.handle_of(c) for c in mro if getattr(builtins, c.__name__, None) is not c],
-                "builtin": [c.__name__ for c in mro if getattr(builtins, c.__name__, None) is c]}
+        return {"cls": handles.handle_of(type(e)), "msg": msg[-500:] if type(msg) is str else ""}
     except BaseException:  # noqa: BLE001 - an exception whose str() or class is booby-trapped
-        return {"type": "Exception", "msg": "an exception that could not be described", "classes": [],
-                "builtin": ["Exception"]}
+        return {"cls": handles.handle_of(Exception), "msg": "an exception that could not be described"}
 
 
 def serve(chan, handles):

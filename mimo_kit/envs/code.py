@@ -58,6 +58,8 @@ class CodeEnvConfig(Config):
     reruns: int = knob(8, "Report §4.2: a task must give identical results over 8 reruns", min=1)
     grade_timeout_s: float = knob(20.0, "hidden tests of a toy repo run in ~50 ms; 20 s bounds an agent's busy loop",
                                   min=0.1)
+    max_patch_mb: float = knob(8.0, "a toy fix is a few KB; a bigger diff is junk the root grader will not apply",
+                               min=0.001)
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
 
     PRESETS = {"tiny": {}}
@@ -140,9 +142,12 @@ def shipped_tasks(directory: str | Path = DATA_DIR) -> list[CodeTask]:
 
 
 # ---- files, diffs, patches: mimo_kit.envs.patches (safe as root) ----------------------------------------------
-def workspace_diff(task: CodeTask, workspace: str | Path) -> str:
-    """The agent's change as a diff against the task's base repo (the agent's own ``.git`` is never trusted)."""
-    return tree_diff(tree_files(task.repo), tree_files(workspace))
+def workspace_diff(task: CodeTask, workspace: str | Path, max_change_mb: float | None = None) -> str:
+    """The agent's change as a diff against the task's base repo (the agent's own ``.git`` is never trusted).
+    ``max_change_mb``: refuse a workspace holding that much more than the base (before reading it all)."""
+    base = tree_files(task.repo)
+    limit = None if max_change_mb is None else int(max_change_mb * 2**20) + sum(map(len, base.values()))
+    return tree_diff(base, tree_files(workspace, limit))
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -297,6 +302,9 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
     t0 = time.perf_counter()
     if not isinstance(patch, str):
         raise TaskError(f"code task {task.id!r}: patch is a {type(patch).__name__}, expected a str (a unified diff)")
+    if len(patch) > cfg.max_patch_mb * 2**20:
+        return _failed(task, patch[:2000], f"patch of {len(patch):,} characters exceeds max_patch_mb="
+                                           f"{cfg.max_patch_mb}: refused", t0)
     fresh = Path(tempfile.mkdtemp(prefix="mimo-fresh-"))
     try:
         _copy_tree(task.repo, fresh)
@@ -325,8 +333,9 @@ def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = Non
     """Grade an agent's workspace: its diff against the base is what gets applied (never its files or .git).
     A file name that could inject diff headers fails the grade, naming the file."""
     t0 = time.perf_counter()
+    cfg = cfg or CodeEnvConfig()
     try:
-        diff = workspace_diff(task, workspace)
+        diff = workspace_diff(task, workspace, cfg.max_patch_mb)
     except UnsafePatch as e:
         return _failed(task, "", f"workspace refused: {e}", t0)
     return grade_patch(task, diff, cfg)

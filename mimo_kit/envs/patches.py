@@ -56,11 +56,13 @@ def check_path(path: str, where: str = "workspace file name") -> str:
     return path
 
 
-def tree_files(root: str | Path) -> dict[str, bytes]:
+def tree_files(root: str | Path, max_bytes: int | None = None) -> dict[str, bytes]:
     """``{relative path: bytes}`` of the regular files of a tree, skipping caches, VCS folders and anything that
-    is not a regular file; a file name that could inject diff headers raises :class:`UnsafePatch`."""
+    is not a regular file; a file name that could inject diff headers, or more than ``max_bytes`` in all, raises
+    :class:`UnsafePatch`."""
     root = Path(root)
     out = {}
+    total = 0
     for dirpath, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in IGNORED_DIRS)
         for name in sorted(files) + [d for d in dirs]:
@@ -70,8 +72,12 @@ def tree_files(root: str | Path) -> dict[str, bytes]:
             if name.endswith((".pyc", ".orig", ".rej")):
                 continue
             p = Path(dirpath) / name
-            if not stat.S_ISREG(os.lstat(p).st_mode):
+            st = os.lstat(p)
+            if not stat.S_ISREG(st.st_mode):
                 continue  # symlinks, FIFOs, sockets: never in a diff, never opened
+            total += st.st_size
+            if max_bytes is not None and total > max_bytes:
+                raise UnsafePatch(f"tree {str(root)!r} holds more than {max_bytes:,} bytes of files: refused")
             fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as fh:
                 out[p.relative_to(root).as_posix()] = fh.read()

@@ -53,6 +53,8 @@ PR_SET_NO_NEW_PRIVS = 38
 PIPE_GRACE_S = 0.2
 #: Extra tasks pids.max allows beyond ``nproc``: the ``unshare`` wrapper outside the PID namespace, and its child.
 WRAPPER_TASKS = 2
+#: What util-linux ``unshare --fork`` prints (then exits 1) when its child died of SIGKILL, which it cannot re-raise.
+UNSHARE_SIGKILL = "unshare: sigprocmask unblock failed: Invalid argument\n"
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -295,6 +297,8 @@ class SandboxProcess:
                 release_uid(self.uid)
         rc = p.returncode
         err = self.err.text()
+        if "pid_namespace" in self.layers and rc == 1 and err.endswith(UNSHARE_SIGKILL):
+            rc, err = -signal.SIGKILL, err[: -len(UNSHARE_SIGKILL)]  # the command was SIGKILLed (CPU limit, OOM)
         if rc == 125 and err.startswith("sandbox setup failed"):
             raise SandboxError(f"{err.strip()} (argv {describe_command(self.argv)!r})")
         oom = events.get("oom_kills", 0) > 0
