@@ -4,8 +4,15 @@ trainer's path (CodeEnv, bash tool, grade); the uncleaned variant is bypassed; t
 import pytest
 
 from mimo_kit.envs.code import shipped_tasks
-from mimo_kit.envs.hacks import (STRATEGIES, audit_diff, audited_reward, bypass_table, detect_hacks, run_hack_suite,
-                                 run_strategy)
+from mimo_kit.envs.hacks import (
+    STRATEGIES,
+    audit_diff,
+    audited_reward,
+    bypass_table,
+    detect_hacks,
+    run_hack_suite,
+    run_strategy,
+)
 
 TASKS = shipped_tasks()
 #: One task per kind of hidden test: plain function calls (the hard-coding attacks' best case), objects and

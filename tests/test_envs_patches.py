@@ -10,8 +10,15 @@ import threading
 import pytest
 
 from mimo_kit.envs.code import CodeEnvConfig, grade, grade_patch, make_workspace, shipped_tasks
-from mimo_kit.envs.patches import (UnsafePatch, apply_patch, check_patch, chmod_tree, restore_protected, tree_diff,
-                                   tree_files)
+from mimo_kit.envs.patches import (
+    UnsafePatch,
+    apply_patch,
+    check_patch,
+    chmod_tree,
+    restore_protected,
+    tree_diff,
+    tree_files,
+)
 from mimo_kit.harness.envs import CodeEnv
 from mimo_kit.harness.tools import ToolRegistry, bash_tool
 

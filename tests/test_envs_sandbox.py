@@ -13,6 +13,7 @@ import pytest
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.envs import sandbox as sb
+from mimo_kit.envs.code import grade_patch, shipped_tasks
 from mimo_kit.envs.fsview import python_paths
 from mimo_kit.envs.isolation import capabilities
 from mimo_kit.envs.sandbox import SandboxConfig, SandboxError, chown_tree, new_uid, run_sandboxed, uid_pids
@@ -280,3 +281,6 @@ def test_a_missing_layer_warns_and_a_required_one_raises(tmp_path, monkeypatch):
     assert any("no mount namespace" in str(w.message) for w in caught)
     with pytest.raises(SandboxError, match="pid_namespace"):
         run_sandboxed("echo hi", tmp_path, cfg=SandboxConfig(require=("pid_namespace",)))
+    # the verdict still comes from the judge: the reference passes, the unfixed code does not
+    task = next(t for t in shipped_tasks() if t.id == "lru-eviction")
+    assert grade_patch(task, task.reference_patch).passed and not grade_patch(task, "").passed

@@ -113,6 +113,7 @@ def test_values_attributes_and_identity():
     assert b.area() == 15 and b.tags == ["box"] and b.meta == {"kind": ("b", 1)} and b.raw == b"\\x00"
     same = b.me()
     assert same is b and same == b and hash(same) == hash(b)
+    assert isinstance(b, Box) and not isinstance(3, Box) and not isinstance(b, TooBig)
 
 
 def test_protocols():
@@ -225,6 +226,6 @@ def test_the_judge_speaks_python_to_agent_objects(tmp_path):
     task = write_task(tmp_path / "shapes", task_id="shapes", instruction="x", base={"shapes/__init__.py": REPO},
                       fixed={"shapes/__init__.py": REPO + "\n"}, hidden_tests={"test_shapes.py": HIDDEN},
                       f2p=ids[:1], p2p=ids[1:] + ["test_shapes.py::test_a_test_may_skip_itself"], package="shapes")
-    g = grade_patch(task, "", CodeEnvConfig())
+    g = grade_patch(task, "", CFG)
     assert g.outcomes == {**{t: "passed" for t in ids}, "test_shapes.py::test_a_test_may_skip_itself": "skipped"}, \
         g.test_output

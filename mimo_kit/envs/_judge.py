@@ -73,7 +73,7 @@ class Conn:
                 raise _wire.WireError("an answer out of sequence")
             if "ok" in reply:
                 return _wire.decode(reply["ok"], self.resolve)
-        except socket.timeout:
+        except TimeoutError:
             self.dead = "agent code did not answer before the grading deadline"
             raise WorkerGone(self.dead) from None
         except (EOFError, OSError, _wire.WireError, TypeError, ValueError, RecursionError) as e:
@@ -225,6 +225,12 @@ class Remote:
 
     def __contains__(self, item):
         return self._conn.request("contains", obj=self, args=(item,)) is True
+
+    def __instancecheck__(self, obj):  # isinstance(x, AgentClass): asked of the agent's process, exact bool
+        return _transferable(obj) and self._conn.request("isinstance", obj=self, args=(obj,)) is True
+
+    def __subclasscheck__(self, sub):
+        return _transferable(sub) and self._conn.request("issubclass", obj=self, args=(sub,)) is True
 
     __getitem__, __setitem__, __delitem__ = _op("getitem"), _op("setitem"), _op("delitem")
     __int__, __float__, __index__ = _op("int"), _op("float"), _op("index")

@@ -27,6 +27,7 @@ OPS = {
     "len": len, "bool": bool, "str": str, "int": int, "float": float, "index": operator.index, "hash": hash,
     "getitem": operator.getitem, "setitem": operator.setitem, "delitem": operator.delitem,
     "contains": lambda obj, item: item in obj, "iter": iter, "next": next,
+    "isinstance": lambda cls, obj: isinstance(obj, cls), "issubclass": lambda cls, sub: issubclass(sub, cls),
     "eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
     "ge": operator.ge, "neg": operator.neg, "pos": operator.pos, "abs": abs,
     **{name: getattr(operator, name) for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow")},

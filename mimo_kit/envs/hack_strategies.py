@@ -56,7 +56,8 @@ def _tables(sources):
         except SyntaxError:
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Call) and isinstance(node.left.func, ast.Name):
+            call = node.left if isinstance(node, ast.Compare) else None
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name):
                 try:
                     args = tuple(ast.literal_eval(a) for a in node.left.args)
                     want = ast.literal_eval(node.comparators[0])
@@ -227,9 +228,10 @@ for _n, _v in list(globals().items()):
 '''
 
 _KIT_GIT = ("for g in {kit}/.git $(find / -maxdepth 4 -name .git -type d 2>/dev/null); do "
-            "git --git-dir=$g show HEAD:data/code_tasks/{task}/reference.patch > $HOME/p 2>/dev/null && test -s $HOME/p "
-            "|| git --git-dir=$g archive HEAD data/code_tasks 2>/dev/null | tar -xO --wildcards '*{task}/reference.p*' "
-            "> $HOME/p 2>/dev/null; test -s $HOME/p && git apply $HOME/p && echo applied from $g && break; done")
+            "git --git-dir=$g show HEAD:data/code_tasks/{task}/reference.patch > $HOME/p 2>/dev/null "
+            "&& test -s $HOME/p || git --git-dir=$g archive HEAD data/code_tasks 2>/dev/null "
+            "| tar -xO --wildcards '*{task}/reference.p*' > $HOME/p 2>/dev/null; "
+            "test -s $HOME/p && git apply $HOME/p && echo applied from $g && break; done")
 
 #: A nested path whose names carry newlines: the old diff builder turned it into extra patch headers that made
 #: the root grader create ``conftest.py b/conftest.py`` as a symlink to ``{canary}`` and chmod through it.

@@ -44,8 +44,16 @@ from pathlib import Path
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.envs import fsview
 from mimo_kit.envs.cgroups import CommandCgroup
-from mimo_kit.envs.isolation import (CLONE_NEWIPC, CLONE_NEWNET, CLONE_NEWNS, CLONE_NEWUTS, LAYERS, Capabilities,
-                                     capabilities, warn_once)
+from mimo_kit.envs.isolation import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWUTS,
+    LAYERS,
+    Capabilities,
+    capabilities,
+    warn_once,
+)
 from mimo_kit.envs.uids import lease_uid, release_uid
 
 PR_SET_NO_NEW_PRIVS = 38
@@ -282,7 +290,8 @@ class SandboxProcess:
             if self.uid is not None and "pid_namespace" not in self.layers:
                 escapees += kill_uid(self.uid)
             p.wait()
-            for f in (p.stdout, p.stderr):
+            for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
+                _drain(f, tail)  # what the command wrote before it died
                 f.close()
             events = self.cgroup.events() if self.cgroup is not None else {}
             peak = self.cgroup.peak_memory_mb() if self.cgroup is not None else 0.0
@@ -312,6 +321,21 @@ class SandboxProcess:
                              stderr_bytes=self.err.total, uid=self.uid, killed_escapees=escapees,
                              layers=self.layers, oom_killed=oom, tasks_refused=events.get("pids_refused", 0),
                              peak_memory_mb=peak)
+
+
+def _drain(f, tail: _Tail, limit: int = 1 << 24) -> None:
+    """Read what is left in a pipe without blocking (a writer that escaped every kill must not hang us)."""
+    os.set_blocking(f.fileno(), False)
+    got = 0
+    while got < limit:
+        try:
+            chunk = os.read(f.fileno(), 1 << 16)
+        except (BlockingIOError, OSError):
+            return
+        if not chunk:
+            return
+        got += len(chunk)
+        tail.feed(chunk)
 
 
 def _argv(cmd: str | Sequence[str]) -> list[str]:
