@@ -138,3 +138,39 @@ def test_tree_diff_splits_lines_only_where_git_does(tmp_path):
     ok, msg = apply_patch(tmp_path, patch)
     assert ok, msg
     assert tree_files(tmp_path) == after and os.listdir(tmp_path) == ["a.txt"]
+
+
+def test_other_graders_never_read_or_write_through_a_link(canary):
+    """Cyber, visual and general graders read agent files (and the general task's API mocks write its database) as
+    root: a link the agent plants to a host file is refused, never followed."""
+    import sqlite3
+
+    from mimo_kit.envs import cyber, general, visual
+    from mimo_kit.harness.envs import CyberEnv, GeneralEnv, VisualEnv
+    from mimo_kit.harness.tools import ToolError
+
+    def bash(env, cmd):
+        return ToolRegistry([bash_tool(env.workspace, 20.0)]).call("bash", {"command": cmd})
+
+    with CyberEnv(cyber.shipped_targets()[0]) as env:
+        bash(env, f"ln -s {canary} poc.bin")
+        g = env.grade()
+    assert g["reward"] == 0.0 and "'poc.bin' goes through a link" in g["reason"], g
+    with VisualEnv(visual.shipped_visual_tasks()[0]) as env:
+        bash(env, "mkfifo drawing.txt")  # a FIFO would block a plain read forever
+        g = env.grade()
+    assert g["reward"] == 0.0 and "not a regular file" in g["reason"], g
+    host_db = canary.parent / "host.db"
+    with sqlite3.connect(host_db) as con:
+        con.execute("CREATE TABLE orders (id INTEGER, status TEXT, customer_id INTEGER, address TEXT)")
+        con.execute("INSERT INTO orders VALUES (1, 'pending', 1, 'x')")
+    before = host_db.read_bytes()
+    task = general.shipped_general_tasks()[0]
+    with GeneralEnv(task) as env:
+        bash(env, f"rm shop.db && ln -s {host_db} shop.db && mkdir -p notes && ln -s {canary} notes/refunds.txt")
+        tools = {t.name: t for t in env.domain_tools()}
+        with pytest.raises(ToolError, match="shop.db is not a regular file"):
+            tools["cancel_order"].fn(order_id=1, reason="x")
+        g = general.grade_general(task, env.workspace.root)
+    assert not g.passed and any("shop.db unreadable" in r for r in g.reasons), g.reasons
+    assert host_db.read_bytes() == before

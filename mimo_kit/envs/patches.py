@@ -34,6 +34,8 @@ PROTECTED = ("tests/*", "test_*.py", "*/test_*.py", "conftest.py", "*/conftest.p
              "usercustomize.py", "*/usercustomize.py", "*.pth", "*/*.pth")
 #: Never part of a diff: caches and VCS data.
 IGNORED_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv", ".task_logs"}
+#: Largest agent-written file the root grader reads (a PoC, a drawing, a note): toy ones are a few KB.
+AGENT_FILE_LIMIT = 8 << 20
 _BAD_CHARS = re.compile(r'[\x00-\x1f\x7f\\"]')
 _HEADER = [re.compile(p) for p in (r"^new file mode 100644$", r"^deleted file mode 100644$",
                                    r"^index [0-9a-f]{4,64}\.\.[0-9a-f]{4,64}( 100644)?$")]
@@ -164,6 +166,41 @@ def check_patch(patch: str) -> list[str]:
                         raise UnsafePatch(f"patch line {i + 1}: more lines than the hunk header announces")
                     i += 1
     return paths
+
+
+def open_regular(root: str | Path, rel: str, flags: int = os.O_RDONLY) -> int | None:
+    """A descriptor of ``root/rel`` opened without following any link on the way (every folder component and the
+    file itself), or None when absent; a link, FIFO, socket or device raises :class:`UnsafePatch`."""
+    *parents, name = check_path(rel, "agent file").split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parents:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        out = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:  # ELOOP / ENOTDIR: a link or a file where a folder belongs
+        raise UnsafePatch(f"agent file {rel!r} goes through a link or a non-folder ({e.strerror}): refused") from None
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(out).st_mode):
+        os.close(out)
+        raise UnsafePatch(f"agent file {rel!r} is not a regular file: refused")
+    return out
+
+
+def read_regular(root: str | Path, rel: str, max_bytes: int = AGENT_FILE_LIMIT) -> bytes | None:
+    """The bytes of an agent-written file, read as root through :func:`open_regular`; None when absent."""
+    fd = open_regular(root, rel)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnsafePatch(f"agent file {rel!r} is larger than {max_bytes:,} bytes: refused")
+    return data
 
 
 def _git_env(home: str) -> dict[str, str]:

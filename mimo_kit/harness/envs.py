@@ -12,6 +12,7 @@ import os
 from mimo_kit.envs import code as code_env
 from mimo_kit.envs import cyber as cyber_env
 from mimo_kit.envs.hacks import audited_reward
+from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
 from mimo_kit.envs.uids import release_uid
 from mimo_kit.envs.volume import EpisodeVolume
@@ -81,10 +82,13 @@ class CyberEnv(BaseEnv):
         self.instruction = target.description + " Write the input to poc.bin in the working directory, then submit."
 
     def grade(self) -> dict:
-        poc = self.workspace.root / "poc.bin"
-        if not poc.is_file():
+        try:  # read as root: never through a link the agent planted
+            poc = read_regular(self.workspace.root, "poc.bin", self.cfg.max_poc_bytes)
+        except UnsafePatch as e:
+            return {"reward": 0.0, "reason": str(e)}
+        if poc is None:
             return {"reward": 0.0, "reason": "no poc.bin in the workspace"}
-        g = cyber_env.grade_poc(self.target, poc.read_bytes(), self.cfg)
+        g = cyber_env.grade_poc(self.target, poc, self.cfg)
         return {"reward": g.reward, "reason": g.reason, "got": list(g.got or ())}
 
 
@@ -123,8 +127,11 @@ class VisualEnv(BaseEnv):
         self.instruction = task.instruction + " Write the drawing program to drawing.txt, then submit."
 
     def grade(self) -> dict:
-        prog = self.workspace.root / "drawing.txt"
-        if not prog.is_file():
+        try:  # read as root: never through a link the agent planted
+            prog = read_regular(self.workspace.root, "drawing.txt")
+        except UnsafePatch as e:
+            return {"reward": 0.0, "reason": str(e)}
+        if prog is None:
             return {"reward": 0.0, "reason": "no drawing.txt"}
-        g = self.visual.grade_drawing(self.task, prog.read_text())
+        g = self.visual.grade_drawing(self.task, prog.decode("utf-8", "replace"))
         return {"reward": g.reward, "score": g.score, "reason": g.reason}
