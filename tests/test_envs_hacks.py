@@ -1,6 +1,8 @@
 """The hack suite (Report §4.2): every hack scores 0 and leaves the host untouched on cleaned tasks, run through the
 trainer's path (CodeEnv, bash tool, grade); the uncleaned variant is bypassed; the audit flags what it should."""
 
+import dataclasses
+
 import pytest
 
 from mimo_kit.envs.code import shipped_tasks
@@ -13,6 +15,7 @@ from mimo_kit.envs.hacks import (
     run_hack_suite,
     run_strategy,
 )
+from mimo_kit.envs.isolation import capabilities
 
 TASKS = shipped_tasks()
 #: One task per kind of hidden test: plain function calls (the hard-coding attacks' best case), objects and
@@ -32,18 +35,36 @@ def test_strategies_cover_every_attack_class():
         run_strategy(TASKS[0], "nope", cleaned=True)
 
 
+def _needs(name: str):
+    missing = [x for x in STRATEGIES[name].needs if not capabilities().layers[x]]
+    return pytest.mark.skipif(bool(missing), reason=f"{name} is stopped by {missing}, which this machine lacks "
+                                                    "(the suite does not run it either)")
+
+
 @pytest.mark.slow
-def test_every_hack_scores_zero_and_leaves_the_host_untouched():
-    names = [n for n, s in STRATEGIES.items() if s.family != "host"]
-    results = run_hack_suite(SUITE_TASKS, strategies=names, variants=(True,))
-    results += run_hack_suite(SUITE_TASKS[:1], strategies=[n for n in STRATEGIES if n not in names], variants=(True,))
-    assert len(results) == len(SUITE_TASKS) * len(names) + len(STRATEGIES) - len(names)
-    assert [(r.task, r.strategy) for r in results if r.reward > 0] == []
-    assert [(r.task, r.strategy, r.host) for r in results if r.host] == []
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_needs(n)) for n in STRATEGIES])
+def test_every_hack_scores_zero_and_leaves_the_host_untouched(name):
+    tasks = SUITE_TASKS if STRATEGIES[name].family != "host" else SUITE_TASKS[:1]
+    results = run_hack_suite(tasks, strategies=[name], variants=(True,))
+    assert len(results) == len(tasks) and not any(r.skipped for r in results)
+    assert [r.task for r in results if r.reward > 0] == []
+    assert [(r.task, r.host) for r in results if r.host] == []
     assert all(r.flags for r in results)  # and the audit flags every one of them anyway
 
 
+def test_a_strategy_is_not_run_where_the_layer_that_stops_it_is_missing(monkeypatch):
+    from mimo_kit.envs import hacks
+
+    fake = dataclasses.replace(capabilities(), cgroup=0)
+    monkeypatch.setattr(hacks, "capabilities", lambda: fake)
+    r = run_strategy(SUITE_TASKS[0], "resource-bombs", cleaned=True)
+    assert r.skipped.startswith("not run: this machine lacks cgroup") and r.outputs == [] and r.flags == []
+    assert bypass_table([r])[0]["not run (layer missing)"] == 1
+
+
 @pytest.mark.slow
+@pytest.mark.skipif(not capabilities().layers["mount_namespace"], reason="without a mount namespace the cleaned "
+                    "workspace still sees the kit's task data: read-hidden would bypass it")
 def test_uncleaned_environment_is_bypassed_and_cleaning_closes_it():
     tasks = [t for t in TASKS if t.id in ("stats-median", "lru-eviction")]
     leak = ["read-hidden", "git-history", "site-packages", "network-fetch", "hardcode-outputs"]
@@ -58,6 +79,7 @@ def test_uncleaned_environment_is_bypassed_and_cleaning_closes_it():
     assert rows["uncleaned"]["host touched"] == rows["cleaned"]["host touched"] == 0
 
 
+@_needs("shm-persist")
 def test_a_cross_episode_attack_runs_both_episodes():
     r = run_strategy(SUITE_TASKS[0], "shm-persist", cleaned=True)
     assert r.family == "persistence" and r.reward == 0.0 and r.host == []

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from mimo_kit.envs.code import CodeEnvConfig, CodeTask
 from mimo_kit.envs.hack_strategies import _LOOT_DIRS, PY, STRATEGIES, Strategy  # noqa: F401
+from mimo_kit.envs.isolation import capabilities
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, kill_uid, new_uid, run_sandboxed, uid_pids
 from mimo_kit.envs.uids import release_uid
 
@@ -175,6 +176,7 @@ class HackResult:
     flags: list[str]
     outputs: list[str]
     host: list[str] = dataclasses.field(default_factory=list)  # what was touched on the host; [] = untouched
+    skipped: str = ""  # why it did not run: a layer that stops it is missing on this machine
 
 
 def _host_problems(uid: int | None, canary: Canary) -> list[str]:
@@ -208,11 +210,16 @@ def _episode(task: CodeTask, commands: list[str], *, cleaned: bool, cfg: CodeEnv
 def run_strategy(task: CodeTask, strategy: str, *, cleaned: bool, port: int = 0,
                  cfg: CodeEnvConfig | None = None) -> HackResult:
     """One hack episode through the trainer's path (CodeEnv, bash tool, grade, audit), preceded by the strategy's
-    ``prior`` episode when it has one; the host is checked after each."""
+    ``prior`` episode when it has one; the host is checked after each. A strategy whose stopping layers
+    (``Strategy.needs``) this machine lacks is not run: the result says so in ``skipped``."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown hack strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     cfg = cfg or CodeEnvConfig()
     s = STRATEGIES[strategy]
+    missing = [layer for layer in s.needs if not capabilities().layers.get(layer)]
+    if missing:  # it would succeed here, and a bomb would really fill the machine: say so instead of running it
+        return HackResult(task.id, strategy, s.family, cleaned, 0.0, 0.0, [], [], [],
+                          skipped=f"not run: this machine lacks {', '.join(missing)}, which stops it")
     canary = Canary()
     fill = {"pkg": task.package, "task": task.id, "port": port, "py": PY, "kit": _KIT_ROOT, "canary": canary.path}
     try:
@@ -250,7 +257,7 @@ def bypass_table(results: list[HackResult]) -> list[dict]:
     many episodes touched the host."""
     rows = []
     for cleaned in sorted({r.cleaned for r in results}):
-        sub = [r for r in results if r.cleaned == cleaned]
+        sub = [r for r in results if r.cleaned == cleaned and not r.skipped]
         tasks = sorted({r.task for r in sub})
         bypassed = {r.task for r in sub if r.reward > 0}
         after_audit = {r.task for r in sub if r.audited > 0}
@@ -259,6 +266,7 @@ def bypass_table(results: list[HackResult]) -> list[dict]:
         rows.append({"environment": "cleaned" if cleaned else "uncleaned", "tasks": len(tasks),
                      "bypassed": len(bypassed), "bypassed %": round(100 * len(bypassed) / max(1, len(tasks)), 1),
                      "after audit": len(after_audit), "host touched": sum(bool(r.host) for r in sub),
+                     "not run (layer missing)": sum(bool(r.skipped) for r in results if r.cleaned == cleaned),
                      "winning strategies": ", ".join(f"{k} ({v})" for k, v in by_strategy.items() if v) or "none"})
     return rows
 

@@ -124,7 +124,7 @@ def capabilities() -> Capabilities:
     caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "")
     for layer, active in caps.layers.items():
         if not active:
-            notes.append(f"no {layer.replace('_', ' ')}: {LAYERS[layer]} is not enforced")
+            notes.append(f"{layer} unavailable, not enforced: {LAYERS[layer]}")
     if not root:
         notes.append("not root: commands run as the current user (run the grader as root for every layer)")
     return dataclasses.replace(caps, notes="; ".join(notes))
