@@ -22,18 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.envs import sandbox as _sandbox
+from mimo_kit.envs.hidden_tests import judge_tests
 from mimo_kit.envs.patches import (  # noqa: F401
     IGNORED_DIRS,
     PROTECTED,
@@ -47,17 +44,9 @@ from mimo_kit.envs.patches import (  # noqa: F401
     tree_files,
     verify_tree,
 )
-from mimo_kit.envs.sandbox import SandboxConfig, SandboxError, chown_tree, pump, spawn_sandboxed
+from mimo_kit.envs.sandbox import SandboxConfig, chown_tree
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "code_tasks"
-#: The grader's scripts, copied read-only into each grading folder (the kit's own tree is never visible inside).
-GRADER_FILES = tuple(Path(__file__).resolve().parent / n for n in ("_wire.py", "_judge.py", "_worker.py"))
-#: The judge's verdict lines are never truncated (one line per test, at most ~600 bytes each).
-JUDGE_OUTPUT_LIMIT = 4 << 20
-#: Seconds the judge stops before the grader's deadline, so it reports what it decided instead of being killed.
-JUDGE_MARGIN_S = 0.5
-#: Seconds the worker gets to exit by itself once the judge has closed the wire (its last prints reach the log).
-WORKER_GRACE_S = 0.5
 _ID = re.compile(r"^[\w./-]+\.py::\w+(::\w+)?$")
 
 
@@ -247,84 +236,13 @@ def agent_modules(task: CodeTask) -> list[str]:
     return sorted(names)
 
 
-def _world_reachable(path: str) -> bool:
-    real = os.path.realpath(path)
-    parts = Path(real).parents
-    return os.path.isfile(real) and all(os.stat(p).st_mode & 0o001 for p in [real, *parts])
-
-
-def grader_python() -> str:
-    """The interpreter for the judge and the worker (stdlib only): the grader's own where the sandbox's view binds
-    it; on a machine without a mount namespace, one the throw-away uid can reach (the grader's may sit in /root)."""
-    caps = _sandbox.capabilities()  # looked up on the module: a test may simulate a machine without layers
-    if caps.mountns or not caps.root:
-        return sys.executable
-    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
-        if _world_reachable(candidate):
-            return candidate
-    raise SandboxError(f"no Python the sandbox uid can execute: {sys.executable} is behind a private folder and "
-                       "there is no /usr/bin/python3; give the machine a mount namespace or a system python3")
-
-
 def run_hidden_tests(task: CodeTask, repo_dir: Path, ids: list[str], cfg: CodeEnvConfig) -> tuple[dict, str]:
-    """Run hidden test ``ids`` against ``repo_dir``: the judge runs the tests in one sandbox, the agent's code
-    answers from another. Returns ({id: outcome}, output: the agent's prints, then the judge's failure notes)."""
+    """Run hidden test ``ids`` against ``repo_dir`` (:func:`mimo_kit.envs.hidden_tests.judge_tests`: the judge in
+    one sandbox, the agent's code in another). Returns ({id: outcome}, the agent's prints and the judge's notes)."""
     bad = [t for t in ids if not isinstance(t, str) or not _ID.match(t)]
     if bad:
         raise TaskError(f"code task {task.id!r}: test ids {bad} are not of the form 'file.py::test_name'")
-    work = Path(tempfile.mkdtemp(prefix="mimo-grade-"))  # root-only; each sandbox sees one of its folders
-    judge_end, worker_end = socket.socketpair()
-    try:
-        tests, grader = work / "tests", work / "grader"
-        shutil.copytree(task.hidden_tests, tests)
-        grader.mkdir()
-        for f in GRADER_FILES:
-            shutil.copy(f, grader / f.name)
-        work.chmod(0o711)
-        chmod_tree(tests)
-        chmod_tree(grader)
-        deadline_s = max(0.1, cfg.grade_timeout_s - JUDGE_MARGIN_S)
-        fd = {"MIMO_WIRE_FD": str(worker_end.fileno())}
-        python = grader_python()
-        worker = spawn_sandboxed([python, "-I", "-S", "-u", str(grader / "_worker.py"), str(repo_dir)],
-                                 repo_dir, cfg=cfg.sandbox, pass_fds=(worker_end.fileno(),), env=fd,
-                                 visible=(grader,))
-        worker_end.close()
-        judge_cfg = dataclasses.replace(cfg.sandbox, output_limit=JUDGE_OUTPUT_LIMIT)
-        try:
-            judge = spawn_sandboxed([python, "-I", "-S", str(grader / "_judge.py"), str(tests),
-                                     ",".join(agent_modules(task)), f"{deadline_s:.3f}", *ids], grader,
-                                    cfg=judge_cfg, pass_fds=(judge_end.fileno(),),
-                                    env={"MIMO_WIRE_FD": str(judge_end.fileno())}, visible=(tests,))
-        except BaseException:
-            worker.finish(True)
-            raise
-        judge_end.close()
-        deadline = judge.t0 + cfg.grade_timeout_s
-        timed_out = pump([worker, judge], deadline, judge)
-        verdict = judge.finish(timed_out)
-        late = pump([worker], min(deadline, time.perf_counter() + WORKER_GRACE_S), worker)
-        agent = worker.finish(late)  # whatever the agent's process still does, it ends here
-    finally:
-        judge_end.close()
-        worker_end.close()
-        shutil.rmtree(work, ignore_errors=True)
-    outcomes = {tid: "missing" for tid in ids}
-    notes = []
-    for line in verdict.stdout.splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and outcomes.get(rec.get("id")) == "missing" and \
-                rec.get("outcome") in ("passed", "failed", "skipped"):
-            outcomes[rec["id"]] = rec["outcome"]
-            if rec.get("message"):
-                notes.append(f"{rec['id']}: {rec['outcome']}: {rec['message']}")
-    if verdict.returncode != 0 and not verdict.timed_out:
-        notes.append(f"[judge exited with {verdict.returncode}] {verdict.stderr[-500:]}")
-    output = agent.output + ("\n" if agent.output and notes else "") + "\n".join(notes)
-    return outcomes, output + ("\n[timed out]" if verdict.timed_out else "")
+    return judge_tests(task.hidden_tests, repo_dir, ids, agent_modules(task), cfg.sandbox, cfg.grade_timeout_s)
 
 
 def _failed(task: CodeTask, patch: str, reason: str, t0: float) -> CodeGrade:

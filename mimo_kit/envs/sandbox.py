@@ -31,7 +31,6 @@ import dataclasses
 import functools
 import os
 import resource
-import selectors
 import shlex
 import shutil
 import signal
@@ -54,11 +53,10 @@ from mimo_kit.envs.isolation import (
     capabilities,
     warn_once,
 )
-from mimo_kit.envs.uids import lease_uid, release_uid
+from mimo_kit.envs.streams import Tail, drain, pump  # noqa: F401  (pump: run several commands side by side)
+from mimo_kit.envs.uids import kill_uid, lease_uid, release_uid, uid_pids  # noqa: F401
 
 PR_SET_NO_NEW_PRIVS = 38
-#: After the command exits, how long its pipes may stay open (a background child without a PID namespace).
-PIPE_GRACE_S = 0.2
 #: Extra tasks pids.max allows beyond ``nproc``: the ``unshare`` wrapper outside the PID namespace, and its child.
 WRAPPER_TASKS = 2
 #: What util-linux ``unshare --fork`` prints (then exits 1) when its child died of SIGKILL, which it cannot re-raise.
@@ -163,72 +161,6 @@ def minimal_env(home: str, extra: dict[str, str] | None = None, tmp: str | None 
     return env
 
 
-class _Tail:
-    """Keep the first ``limit // 2`` and the last ``limit // 2`` bytes of a stream, and count all of them."""
-
-    def __init__(self, limit: int):
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > 2 * self.half:
-                del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> str:
-        tail = bytes(self.tail[-self.half:]) if self.half else b""
-        dropped = self.total - len(self.head) - len(tail)
-        if dropped <= 0:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
-        notice = f"\n[... output truncated: {dropped:,} of {self.total:,} bytes dropped (head and tail kept) ...]\n"
-        return bytes(self.head).decode("utf-8", "replace") + notice + tail.decode("utf-8", "replace")
-
-
-def uid_pids(uid: int) -> list[int]:
-    """Live (non-zombie) processes of ``uid`` on the host."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                for line in fh:
-                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
-                        break
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except OSError:
-            continue
-    return pids
-
-
-def kill_uid(uid: int, rounds: int = 20) -> int:
-    """SIGKILL every process of ``uid`` (the fallback sweep where there is neither a PID namespace nor a cgroup)."""
-    killed = 0
-    for _ in range(rounds):
-        pids = uid_pids(uid)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-        time.sleep(0.005)
-    return killed
-
-
 # ---- the child's side: between fork and exec ----------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class _Plan:
@@ -273,7 +205,7 @@ class SandboxProcess:
         self.argv, self.popen, self.cfg = argv, popen, cfg
         self.uid, self.own_uid, self.cgroup, self.stage, self.own_home = uid, own_uid, cgroup, stage, own_home
         self.netns, self.layers, self.t0 = netns, layers, t0
-        self.out, self.err = _Tail(cfg.output_limit), _Tail(cfg.output_limit)
+        self.out, self.err = Tail(cfg.output_limit), Tail(cfg.output_limit)
 
     def finish(self, timed_out: bool) -> SandboxResult:
         """Kill every process of the command (the group, the cgroup, the uid sweep as a fallback), collect results."""
@@ -291,7 +223,7 @@ class SandboxProcess:
                 escapees += kill_uid(self.uid)
             p.wait()
             for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
-                _drain(f, tail)  # what the command wrote before it died
+                drain(f, tail)  # what the command wrote before it died
                 f.close()
             events = self.cgroup.events() if self.cgroup is not None else {}
             peak = self.cgroup.peak_memory_mb() if self.cgroup is not None else 0.0
@@ -321,21 +253,6 @@ class SandboxProcess:
                              stderr_bytes=self.err.total, uid=self.uid, killed_escapees=escapees,
                              layers=self.layers, oom_killed=oom, tasks_refused=events.get("pids_refused", 0),
                              peak_memory_mb=peak)
-
-
-def _drain(f, tail: _Tail, limit: int = 1 << 24) -> None:
-    """Read what is left in a pipe without blocking (a writer that escaped every kill must not hang us)."""
-    os.set_blocking(f.fileno(), False)
-    got = 0
-    while got < limit:
-        try:
-            chunk = os.read(f.fileno(), 1 << 16)
-        except (BlockingIOError, OSError):
-            return
-        if not chunk:
-            return
-        got += len(chunk)
-        tail.feed(chunk)
 
 
 def _argv(cmd: str | Sequence[str]) -> list[str]:
@@ -438,46 +355,6 @@ def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxCo
             pass
     return SandboxProcess(argv, popen, cfg, uid=uid, own_uid=own_uid, cgroup=cgroup, stage=stage, own_home=own_home,
                           netns=netns, layers=layers, t0=t0)
-
-
-def pump(procs: Sequence[SandboxProcess], deadline: float, until: SandboxProcess) -> bool:
-    """Drain the output of ``procs`` until ``until`` has exited (and its pipes closed) or ``deadline`` passes
-    (``time.perf_counter()`` seconds). Returns True when the deadline passed first."""
-    sel = selectors.DefaultSelector()
-    mine = set()
-    for p in procs:
-        for f, tail in ((p.popen.stdout, p.out), (p.popen.stderr, p.err)):
-            sel.register(f, selectors.EVENT_READ, tail)
-            if p is until:
-                mine.add(f)
-    grace_end = None
-    timed_out = False
-    try:
-        while sel.get_map():
-            now = time.perf_counter()
-            if grace_end is None and until.popen.poll() is not None:
-                grace_end = now + PIPE_GRACE_S
-            if grace_end is not None and (now >= grace_end or not mine):
-                break
-            left = deadline - now
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(left, 0.05)):
-                chunk = os.read(key.fileobj.fileno(), 1 << 16)
-                if chunk:
-                    key.data.feed(chunk)
-                else:
-                    sel.unregister(key.fileobj)
-                    mine.discard(key.fileobj)
-        if not timed_out:
-            try:
-                until.popen.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-    finally:
-        sel.close()
-    return timed_out
 
 
 def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | None = None, *,

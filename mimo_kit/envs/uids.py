@@ -6,8 +6,9 @@ so a uid is **leased**: an exclusive ``flock`` on ``<lock_dir>/<uid>.lock``, hel
 episode's lifetime. The kernel drops the lock when the holder dies, so a crashed grader never leaks a uid, and a
 lease is refused to any uid that has a passwd entry or a live process (a uid some other software uses).
 
-:func:`new_uid` returns a plain ``int`` (the public API of the sandbox) and keeps the lease in a registry until
-:func:`release_uid`; :class:`UidLease` is the context-manager form.
+:func:`lease_uid` returns a plain ``int`` and keeps the lease in a registry until :func:`release_uid`;
+:class:`UidLease` is the context-manager form. :func:`kill_uid` is the fallback sweep for a machine without a PID
+namespace or a cgroup (a process that keeps forking can outrun it: the namespace and the cgroup cannot be outrun).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import fcntl
 import os
 import pwd
 import random
+import signal
 import threading
+import time
 
 #: Where lease files live: root-only, on a filesystem every grader process of this machine shares.
 LOCK_DIR = "/run/mimo-kit-uids" if os.path.isdir("/run") else "/tmp/mimo-kit-uids"
@@ -113,3 +116,40 @@ class UidLease:
 
     def __exit__(self, *exc) -> None:
         release_uid(self.uid)
+
+
+def uid_pids(uid: int) -> list[int]:
+    """Live (non-zombie) processes of ``uid`` on the host."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status") as fh:
+                for line in fh:
+                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
+                        break
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == uid:
+                            pids.append(int(entry))
+                        break
+        except OSError:
+            continue
+    return pids
+
+
+def kill_uid(uid: int, rounds: int = 20) -> int:
+    """SIGKILL every process of ``uid`` (the fallback sweep where there is neither a PID namespace nor a cgroup)."""
+    killed = 0
+    for _ in range(rounds):
+        pids = uid_pids(uid)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        time.sleep(0.005)
+    return killed
