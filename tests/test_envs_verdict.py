@@ -118,7 +118,8 @@ def test_values_attributes_and_identity():
 
 def test_protocols():
     b = Box(2, 3)
-    assert len(b) == 2 and b[0] == 2 and 3 in b and 7 not in b and list(b) == [2, 3] and bool(b)
+    assert len(b) == 2 and b[0] == 2 and b[0:1] == (2,) and 3 in b and 7 not in b and list(b) == [2, 3] and bool(b)
+    assert total(range(0)) == 0
     assert str(b) == "Box(2x3)" and b + 1 == 7 and 1 + b == 7 and -b == -6 and int(b) == 6
     assert total([Box(1, 1), Box(2, 2)]) == 5 and make([1, 2]) == [1, 2] and make([1] * 6) != [1] * 6
 

@@ -147,10 +147,12 @@ def ref(obj):
                     "agent objects cross to the agent's process")
 
 
-def _op(name, reflected=False):
+def _op(name, reflected=False, binary=True):
     def method(self, *args):
         if args and not _transferable(args[0]):
-            return NotImplemented
+            if binary:
+                return NotImplemented  # Python then tries the other operand, or raises TypeError
+            ref(args[0])  # raises the TypeError that names what cannot cross
         return self._conn.request(("r" if reflected else "") + name, obj=self, args=args)
     method.__name__ = f"__{'r' if reflected else ''}{name}__"
     return method
@@ -232,7 +234,7 @@ class Remote:
     def __subclasscheck__(self, sub):
         return _transferable(sub) and self._conn.request("issubclass", obj=self, args=(sub,)) is True
 
-    __getitem__, __setitem__, __delitem__ = _op("getitem"), _op("setitem"), _op("delitem")
+    __getitem__, __setitem__, __delitem__ = (_op(n, binary=False) for n in ("getitem", "setitem", "delitem"))
     __int__, __float__, __index__ = _op("int"), _op("float"), _op("index")
     __neg__, __pos__, __abs__ = _op("neg"), _op("pos"), _op("abs")
     __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (_compare(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))

@@ -2,11 +2,11 @@
 
 Loaded by both ``_judge.py`` and ``_worker.py`` inside the sandbox (stdlib only, no kit imports). One JSON object
 per line. Only **exact built-in types** cross by value: ``None``, ``bool``, ``int``, ``float``, ``str`` as JSON
-scalars; ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``, ``bytes``, ``complex`` tagged as
-``{"t": tag, "v": ...}``. Anything else, a ``str`` subclass with an ``__eq__`` that always answers True included,
-crosses as a **handle** ``{"t": "h", "id": n, "kind": ..., "type": name}``: an opaque reference the judge can call
-or query but never compares equal to a built-in value. The decoder accepts nothing else (no raw JSON arrays or
-objects, no unknown tags), bounds nesting, and the reader bounds the length of a line.
+scalars; ``list``, ``tuple``, ``dict``, ``set``, ``frozenset``, ``bytes``, ``complex``, ``slice``, ``range``
+tagged as ``{"t": tag, "v": ...}``. Anything else, a ``str`` subclass with an ``__eq__`` that always answers True
+included, crosses as a **handle** ``{"t": "h", "id": n, "kind": ..., "type": name}``: an opaque reference the
+judge can call or query but never compares equal to a built-in value. The decoder accepts nothing else (no raw
+JSON arrays or objects, no unknown tags), bounds nesting, and the reader bounds the length of a line.
 """
 
 import json
@@ -34,6 +34,10 @@ def encode(value, handle_of, depth=0):
         return {"t": "bytes", "v": value.hex()}
     if tp is complex:
         return {"t": "complex", "v": [value.real, value.imag]}
+    if tp is slice:
+        return {"t": "slice", "v": [encode(x, handle_of, depth + 1) for x in (value.start, value.stop, value.step)]}
+    if tp is range:
+        return {"t": "range", "v": [value.start, value.stop, value.step]}
     if tp is dict:
         return {"t": "dict", "v": [[encode(k, handle_of, depth + 1), encode(v, handle_of, depth + 1)]
                                    for k, v in value.items()]}
@@ -62,6 +66,10 @@ def decode(data, resolve, depth=0):
         return complex(v[0], v[1])
     if type(v) is not list:
         raise WireError(f"tag {tag!r} with a {type(v).__name__} payload")
+    if tag == "range" and len(v) == 3 and all(type(x) is int for x in v):
+        return range(*v)
+    if tag == "slice" and len(v) == 3:
+        return slice(*(decode(x, resolve, depth + 1) for x in v))
     if tag == "dict":
         if not all(type(p) is list and len(p) == 2 for p in v):
             raise WireError("dict payload is not a list of pairs")
