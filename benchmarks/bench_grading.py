@@ -1,6 +1,8 @@
 """Grading benchmark (Report §4.2): sandbox overhead and the time to grade toy tasks; writes RESULTS_grading.md.
 
     .venv/bin/python benchmarks/bench_grading.py [--repeats 20]
+
+Run it as root to time every isolation layer (docs/sandbox.md); the header of the results names the active ones.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ def main() -> None:
         "# Grading benchmark (Report §4.2)",
         f"`benchmarks/bench_grading.py --repeats {args.repeats}` on {platform.node() or 'this machine'}: "
         f"{os.cpu_count()} CPU cores, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}. "
-        f"Isolation: {r['isolation']}.",
-        "## Sandbox overhead\nA command in its own session, rlimits, a throw-away uid, a private HOME, network and "
-        "mount namespaces (masked kit data and /tmp), versus a bare `subprocess.run`.",
+        "Isolation layers active: " + (", ".join(k for k, v in r["isolation"].items() if v) or "none") + (
+            "; missing: " + ", ".join(k for k, v in r["isolation"].items() if not v)
+            if not all(r["isolation"].values()) else "") + ".",
+        "## Sandbox overhead\nA command with every layer (docs/sandbox.md): its own cgroup (memory and task budgets), "
+        "mount, network, IPC and UTS namespaces with an allowlisted filesystem and a private scratch tmpfs, a PID "
+        "namespace (`unshare --pid --fork --mount-proc`), a leased throw-away uid, no_new_privs and rlimits, versus a "
+        "bare `subprocess.run`.",
         markdown_table(sandbox),
-        "## Grading a toy code task\nDiff → fresh copy → `git apply` → restore protected paths → hidden F2P + P2P "
-        "tests in the sandbox through the grader's runner → results from the grader-owned file. Target: < 1 s.",
+        "## Grading a toy code task\nDiff → patch check → fresh copy → `git apply` → restore protected paths → two "
+        "sandboxes side by side: the judge runs the hidden F2P + P2P tests and decides every outcome, the agent's "
+        "worker imports the patched code and answers the judge's calls with data. Target: < 1 s. (The single "
+        "sandboxed runner this replaced, which let agent code forge its verdict, measured 47–73 ms medians on the "
+        "same machine the same day: the judge costs a second Python start and one round trip per call.)",
         markdown_table(grading),
         "## Other graders", markdown_table(other)])
     Path(args.out).write_text(text + "\n")

@@ -1,4 +1,8 @@
-"""``mimo-kit env-check``: one OK/FAIL line per dependency, the machine, and whether sandboxes get a network off."""
+"""``mimo-kit env-check``: one OK/FAIL line per dependency, the machine, and which sandbox isolation layers are active.
+
+Each isolation layer (``mimo_kit.envs.isolation.LAYERS``; the threat model is ``docs/sandbox.md``) gets an ``OK`` or
+``WARN`` line saying what it stops; a missing layer does not fail the check (the sandbox degrades with a warning).
+"""
 
 from __future__ import annotations
 
@@ -70,6 +74,18 @@ def network_isolation() -> tuple[bool, str]:
     return False, f"unshare -rn refused ({r.stderr.decode(errors='replace').strip()[:120]})"
 
 
+def isolation_layers() -> list[tuple[bool, str]]:
+    """(active, line) for every sandbox isolation layer, probed the way the sandbox probes them."""
+    from mimo_kit.envs.isolation import capabilities, report
+
+    caps = capabilities()
+    out = [(active, f"sandbox {name.replace('_', ' ')}: {'active' if active else 'MISSING'} ({what})")
+           for name, active, what in report()]
+    if caps.notes:
+        out.append((False, f"sandbox notes: {caps.notes}"))
+    return out
+
+
 def sanitizer_toolchain() -> tuple[bool, str]:
     """Whether gcc can build and run a program with ``-fsanitize=address,undefined`` (the cyber tasks need it)."""
     import tempfile
@@ -121,6 +137,8 @@ def run_env_check(required=None, optional=None, print_fn=print) -> int:
         print_fn(f"INFO {line}")
     ok, detail = network_isolation()
     print_fn(f"{'OK  ' if ok else 'WARN'} network isolation: {detail}")
+    for ok, line in isolation_layers():
+        print_fn(f"{'OK  ' if ok else 'WARN'} {line}")
     for tool in ("git",):
         print_fn(f"{'OK  ' if shutil.which(tool) else 'WARN'} {tool}: "
                  f"{'found' if shutil.which(tool) else 'not found (code tasks need it)'}")

@@ -1,4 +1,5 @@
 from mimo_kit.envcheck import REQUIRED, run_env_check
+from mimo_kit.envs.isolation import LAYERS, capabilities
 
 
 def test_env_check_passes_in_the_kit_environment():
@@ -6,6 +7,16 @@ def test_env_check_passes_in_the_kit_environment():
     assert run_env_check(print_fn=lines.append) == 0
     assert sum(line.startswith("OK   ") for line in lines) >= len(REQUIRED)
     assert any("network isolation" in line for line in lines)
+
+
+def test_env_check_reports_every_isolation_layer():
+    """One line per layer, OK where the probe found it, WARN (not FAIL) where it did not."""
+    lines = []
+    assert run_env_check(required=[], optional=[], print_fn=lines.append) == 0
+    for layer, active in capabilities().layers.items():
+        name = layer.replace("_", " ")
+        line = next(x for x in lines if x[5:].startswith(f"sandbox {name}:"))
+        assert line.startswith("OK   " if active else "WARN ") and LAYERS[layer] in line
 
 
 def test_env_check_fails_on_missing_required_dependency():

@@ -16,7 +16,7 @@ from mimo_kit.envs.general import (
     shop_tools,
 )
 from mimo_kit.envs.hacks import GENERAL_STRATEGIES, run_general_strategy
-from mimo_kit.harness import ScriptedPolicy, render_call, run_episode
+from mimo_kit.harness import ScriptedPolicy, error_segments, render_call, run_episode
 from mimo_kit.harness.envs import GeneralEnv
 
 TASKS = shipped_general_tasks()
@@ -85,10 +85,11 @@ def test_general_episode_through_the_harness():
     calls = [render_call("openai", a["tool"], a["args"]) for a in t.gold_actions] + [
         render_call("openai", "cancel_order", {"order_id": "1005", "reason": "x"}), render_call("openai", "submit", {})]
     with GeneralEnv(t) as env:
-        seq = run_episode(ScriptedPolicy(calls), env, "api-agent")
-    assert seq["reward"] == 1.0
-    errors = [s for c in seq["contexts"] for s in c["segments"] if s["error"]]
-    assert len(errors) == 1 and "order_id='1005', expected integer" in errors[0]["error"]["message"]
+        seq = run_episode(ScriptedPolicy(calls), env, "api-agent").sequences[0]
+    assert seq.reward == 1.0
+    errors = error_segments(seq)
+    assert len(errors) == 1 and errors[0]["kind"] == "tool_arguments"
+    assert "order_id='1005', expected integer" in errors[0]["feedback"]
 
 
 def test_task_schema_errors(tmp_path):

@@ -60,5 +60,5 @@ def test_visual_episode_through_the_harness():
     with VisualEnv(TASKS["open-traffic-light"]) as env:
         seq = run_episode(ScriptedPolicy([render_call("fenced", "bash", {"command": "cat LANGUAGE.md"}),
                                           render_call("fenced", "bash", {"command": cmd}),
-                                          render_call("fenced", "submit", {})]), env, "mini-bash")
-    assert seq["reward"] == 1.0, seq["metrics"]["grade"]
+                                          render_call("fenced", "submit", {})]), env, "mini-bash").sequences[0]
+    assert seq.reward == 1.0, seq.metadata["grade"]

@@ -6,13 +6,14 @@ A task is a folder ``data/code_tasks/<id>/`` holding ``task.json`` (instruction,
 - :func:`make_workspace`: a fresh copy of ``repo/`` with **one commit** of git history and no caches (Report §4.2:
   environment cleaning removes logs, patches, caches and later history). ``cleaned=False`` builds the *uncleaned*
   variant the hack suite attacks: the upstream fix commit still in ``.git``, a newer release of the package in a
-  local site-packages, the validation log (with the hidden tests and the
-  patch) left behind, the network on.
-- :func:`grade`: the agent's workspace is turned into a diff against the base; the diff is applied to a **fresh
-  copy**; protected paths (tests, conftest, pytest and packaging config, sitecustomize, ``.pth``) are restored;
-  hidden tests run in the sandbox through the grader's own runner (``_runner.py``: no conftest, no plugins, no
-  ``site``), whose results come back through a file only the grader can read. F2P must pass, P2P pass or skip;
-  a missing test fails.
+  local site-packages, the validation log (with the hidden tests and the patch) left behind, the network on.
+- :func:`grade`: the agent's workspace is turned into a diff against the base (file names that could inject diff
+  headers are refused); the diff is checked and applied to a **fresh copy** (:mod:`mimo_kit.envs.patches`: only
+  edits of regular files, nothing followed through a link); protected paths (tests, conftest, pytest and packaging
+  config, sitecustomize, ``.pth``) are restored; then the hidden tests run **split across two sandboxes**: the
+  judge (``_judge.py``) executes the tests and decides every outcome, the worker (``_worker.py``) imports the
+  agent's code and answers the judge's calls with data. No process that imports agent code decides, prints or
+  writes a verdict, and the worker never sees a hidden test. F2P must pass, P2P pass or skip; a missing test fails.
 - :func:`validate_task`: before the reference patch F2P fail and P2P pass, after it all pass, identical over
   8 reruns (Report §4.2: *supervision stability*); a task that fails is rejected with the reason.
 """
@@ -20,31 +21,32 @@ A task is a folder ``data/code_tasks/<id>/`` holding ``task.json`` (instruction,
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import fnmatch
 import json
-import os
 import re
-import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, run_sandboxed
+from mimo_kit.envs.hidden_tests import judge_tests
+from mimo_kit.envs.patches import (  # noqa: F401
+    IGNORED_DIRS,
+    PROTECTED,
+    UnsafePatch,
+    apply_patch,
+    check_patch,
+    chmod_tree,
+    is_protected,
+    restore_protected,
+    tree_diff,
+    tree_files,
+    verify_tree,
+)
+from mimo_kit.envs.sandbox import SandboxConfig, chown_tree
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "code_tasks"
-RUNNER = Path(__file__).resolve().parent / "_runner.py"
-
-#: Paths an agent may not change: restored from the base before hidden tests run (Report §4.2, DESIGN lessons).
-PROTECTED = ("tests/*", "test_*.py", "*/test_*.py", "conftest.py", "*/conftest.py", "pytest.ini", "tox.ini",
-             "setup.cfg", "setup.py", "pyproject.toml", "sitecustomize.py", "*/sitecustomize.py",
-             "usercustomize.py", "*/usercustomize.py", "*.pth", "*/*.pth")
-#: Never part of a diff: caches and VCS data.
-IGNORED_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv", ".task_logs"}
 _ID = re.compile(r"^[\w./-]+\.py::\w+(::\w+)?$")
 
 
@@ -59,6 +61,8 @@ class CodeEnvConfig(Config):
     reruns: int = knob(8, "Report §4.2: a task must give identical results over 8 reruns", min=1)
     grade_timeout_s: float = knob(20.0, "hidden tests of a toy repo run in ~50 ms; 20 s bounds an agent's busy loop",
                                   min=0.1)
+    max_patch_mb: float = knob(8.0, "a toy fix is a few KB; a bigger diff is junk the root grader will not apply",
+                               min=0.001)
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
 
     PRESETS = {"tiny": {}}
@@ -140,85 +144,13 @@ def shipped_tasks(directory: str | Path = DATA_DIR) -> list[CodeTask]:
     return [load_task(p.parent) for p in sorted(Path(directory).glob("*/task.json")) if not p.parent.name[0] == "_"]
 
 
-# ---- files, diffs, patches ----------------------------------------------------------------------------------------
-def tree_files(root: str | Path) -> dict[str, bytes]:
-    """``{relative path: bytes}`` of a tree, skipping caches and VCS folders."""
-    root = Path(root)
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in IGNORED_DIRS)
-        for name in sorted(files):
-            if name.endswith((".pyc", ".orig", ".rej")):
-                continue
-            p = Path(dirpath) / name
-            if p.is_symlink():
-                continue
-            out[p.relative_to(root).as_posix()] = p.read_bytes()
-    return out
-
-
-def _lines(data: bytes) -> list[str]:
-    return data.decode("utf-8", "replace").splitlines(keepends=True)
-
-
-def tree_diff(before: dict[str, bytes], after: dict[str, bytes]) -> str:
-    """A git-style unified diff (``git apply`` accepts it) from one ``{path: bytes}`` tree to another."""
-    chunks = []
-    for path in sorted(set(before) | set(after)):
-        a, b = before.get(path), after.get(path)
-        if a == b:
-            continue
-        head = [f"diff --git a/{path} b/{path}\n"]
-        if a is None:
-            head.append("new file mode 100644\n")
-        elif b is None:
-            head.append("deleted file mode 100644\n")
-        body = list(difflib.unified_diff(_lines(a or b""), _lines(b or b""),
-                                         "a/" + path if a is not None else "/dev/null",
-                                         "b/" + path if b is not None else "/dev/null", n=3))
-        fixed = []
-        for line in body:
-            fixed.append(line)
-            if not line.endswith("\n"):
-                fixed[-1] = line + "\n\\ No newline at end of file\n"
-        chunks.append("".join(head + fixed))
-    return "".join(chunks)
-
-
-def workspace_diff(task: CodeTask, workspace: str | Path) -> str:
-    """The agent's change as a diff against the task's base repo (the agent's own ``.git`` is never trusted)."""
-    return tree_diff(tree_files(task.repo), tree_files(workspace))
-
-
-def apply_patch(root: str | Path, patch: str) -> tuple[bool, str]:
-    """Apply a unified diff to ``root`` with ``git apply`` (works outside a repository). Returns (ok, message)."""
-    if not patch.strip():
-        return True, "empty patch"
-    r = subprocess.run(["git", "apply", "--whitespace=nowarn", "--unsafe-paths", "-"], cwd=root, input=patch.encode(),
-                       capture_output=True, timeout=30)
-    return r.returncode == 0, r.stderr.decode(errors="replace")
-
-
-def is_protected(path: str) -> bool:
-    return any(fnmatch.fnmatch(path, pat) for pat in PROTECTED)
-
-
-def restore_protected(root: str | Path, base: str | Path) -> list[str]:
-    """Undo every change to a protected path (restore from ``base``, delete additions). Returns the paths touched."""
-    root, base = Path(root), Path(base)
-    now, orig = tree_files(root), tree_files(base)
-    touched = []
-    for path in sorted(set(now) | set(orig)):
-        if not is_protected(path) or now.get(path) == orig.get(path):
-            continue
-        touched.append(path)
-        target = root / path
-        if path in orig:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(orig[path])
-        else:
-            target.unlink()
-    return touched
+# ---- files, diffs, patches: mimo_kit.envs.patches (safe as root) ----------------------------------------------
+def workspace_diff(task: CodeTask, workspace: str | Path, max_change_mb: float | None = None) -> str:
+    """The agent's change as a diff against the task's base repo (the agent's own ``.git`` is never trusted).
+    ``max_change_mb``: refuse a workspace holding that much more than the base (before reading it all)."""
+    base = tree_files(task.repo)
+    limit = None if max_change_mb is None else int(max_change_mb * 2**20) + sum(map(len, base.values()))
+    return tree_diff(base, tree_files(workspace, limit))
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -293,52 +225,52 @@ class CodeGrade:
     wall_s: float = 0.0
 
 
+def agent_modules(task: CodeTask) -> list[str]:
+    """Top-level modules of the task's base repo: what a hidden test imports from the agent's code."""
+    names = {task.package}
+    for p in task.repo.iterdir():
+        if p.is_dir() and p.name.isidentifier() and p.name != "tests":
+            names.add(p.name)
+        elif p.suffix == ".py" and p.stem.isidentifier() and not is_protected(p.name):
+            names.add(p.stem)
+    return sorted(names)
+
+
 def run_hidden_tests(task: CodeTask, repo_dir: Path, ids: list[str], cfg: CodeEnvConfig) -> tuple[dict, str]:
-    """Run hidden test ``ids`` against ``repo_dir`` with the grader's runner; return ({id: outcome}, output)."""
-    work = Path(tempfile.mkdtemp(prefix="mimo-grade-"))  # root-only (0700): the result file lives here
-    try:
-        tests = work / "tests"
-        shutil.copytree(task.hidden_tests, tests)
-        os.chmod(work, 0o711)  # traversable, not listable: the sandbox reaches tests/ but not results.jsonl
-        for p in [tests, *tests.rglob("*")]:
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
-        results = work / "results.jsonl"
-        fd = os.open(results, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        nonce = secrets.token_hex(16)
-        try:
-            r = run_sandboxed([sys.executable, "-I", "-S", str(RUNNER), str(repo_dir), str(tests), *ids],
-                              cwd=repo_dir, timeout_s=cfg.grade_timeout_s, cfg=cfg.sandbox,
-                              stdin=(nonce + "\n").encode(), pass_fds=(fd,),
-                              env={"MIMO_RESULT_FD": str(fd)}, visible=(tests,))
-        finally:
-            os.close(fd)
-        outcomes = {tid: "missing" for tid in ids}
-        for line in results.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("nonce") == nonce and rec.get("id") in outcomes and outcomes[rec["id"]] == "missing":
-                outcomes[rec["id"]] = rec.get("outcome", "failed")
-        return outcomes, r.output + ("\n[timed out]" if r.timed_out else "")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    """Run hidden test ``ids`` against ``repo_dir`` (:func:`mimo_kit.envs.hidden_tests.judge_tests`: the judge in
+    one sandbox, the agent's code in another). Returns ({id: outcome}, the agent's prints and the judge's notes)."""
+    bad = [t for t in ids if not isinstance(t, str) or not _ID.match(t)]
+    if bad:
+        raise TaskError(f"code task {task.id!r}: test ids {bad} are not of the form 'file.py::test_name'")
+    return judge_tests(task.hidden_tests, repo_dir, ids, agent_modules(task), cfg.sandbox, cfg.grade_timeout_s)
+
+
+def _failed(task: CodeTask, patch: str, reason: str, t0: float) -> CodeGrade:
+    return CodeGrade(task.id, False, 0.0, {t: "missing" for t in task.f2p + task.p2p}, reason, patch,
+                     wall_s=time.perf_counter() - t0)
 
 
 def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) -> CodeGrade:
-    """Grade a diff: apply to a fresh copy, restore protected paths, run hidden F2P + P2P tests (Report §4.2)."""
+    """Grade a diff: check and apply it to a fresh copy, restore protected paths, run hidden F2P + P2P tests."""
     cfg = cfg or CodeEnvConfig()
     t0 = time.perf_counter()
+    if not isinstance(patch, str):
+        raise TaskError(f"code task {task.id!r}: patch is a {type(patch).__name__}, expected a str (a unified diff)")
+    if len(patch) > cfg.max_patch_mb * 2**20:
+        return _failed(task, patch[:2000], f"patch of {len(patch):,} characters exceeds max_patch_mb="
+                                           f"{cfg.max_patch_mb}: refused", t0)
     fresh = Path(tempfile.mkdtemp(prefix="mimo-fresh-"))
     try:
         _copy_tree(task.repo, fresh)
         ok, msg = apply_patch(fresh, patch)
         if not ok:
-            return CodeGrade(task.id, False, 0.0, {t: "missing" for t in task.f2p + task.p2p},
-                             f"patch does not apply: {msg.strip()[:300]}", patch, wall_s=time.perf_counter() - t0)
-        restored = restore_protected(fresh, task.repo)
-        for p in [fresh, *fresh.rglob("*")]:  # read-only for the sandbox uid: tests cannot rewrite the code
-            os.chmod(p, 0o755 if p.is_dir() else 0o644)
+            return _failed(task, patch, f"patch does not apply: {msg.strip()[:300]}", t0)
+        try:
+            verify_tree(fresh)
+            restored = restore_protected(fresh, task.repo)
+            chmod_tree(fresh)  # read-only for the sandbox uid: tests cannot rewrite the code
+        except UnsafePatch as e:
+            return _failed(task, patch, f"patched tree refused: {e}", t0)
         outcomes, output = run_hidden_tests(task, fresh, task.f2p + task.p2p, cfg)
     finally:
         shutil.rmtree(fresh, ignore_errors=True)
@@ -352,8 +284,15 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
 
 
 def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = None) -> CodeGrade:
-    """Grade an agent's workspace: its diff against the base is what gets applied (never its files or .git)."""
-    return grade_patch(task, workspace_diff(task, workspace), cfg)
+    """Grade an agent's workspace: its diff against the base is what gets applied (never its files or .git).
+    A file name that could inject diff headers fails the grade, naming the file."""
+    t0 = time.perf_counter()
+    cfg = cfg or CodeEnvConfig()
+    try:
+        diff = workspace_diff(task, workspace, cfg.max_patch_mb)
+    except UnsafePatch as e:
+        return _failed(task, "", f"workspace refused: {e}", t0)
+    return grade_patch(task, diff, cfg)
 
 
 # ---- validation ---------------------------------------------------------------------------------------------------

@@ -139,8 +139,7 @@ def run_bench_grading(cfg: BenchGradingConfig) -> dict:
     return {"sandbox": sandbox, "code_grading": grading,
             "cyber_grading": {"target": target.id, **_timed(lambda: cyber.grade_poc(target, target.gold_poc), n)},
             "general_grading": {"task": gtask.id, **_timed(grade_general_once, n)},
-            "isolation": {"network_namespace": caps.netns or caps.unshare_cmd, "mount_namespace": caps.mountns,
-                          "root": caps.root}}
+            "isolation": {layer: on for layer, on in caps.layers.items()}}
 
 
 def solution(n: int):

@@ -24,13 +24,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.harness.tools import Tool, ToolError
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
@@ -106,7 +109,17 @@ def make_workspace(task: GeneralTask, dest: str | Path) -> Path:
     return dest
 
 
+def _check_db(db: Path) -> None:
+    """The grader opens the agent's database as root: it and SQLite's side files must be regular files, never
+    links the agent planted to a host file (the workspace's volume rules out hard links)."""
+    for suffix in ("", "-journal", "-wal", "-shm"):
+        p = Path(f"{db}{suffix}")
+        if os.path.lexists(p) and not stat.S_ISREG(os.lstat(p).st_mode):
+            raise ToolError(f"{p.name} is not a regular file (a link?): refused")
+
+
 def _q(db: Path, sql: str, args: tuple = ()) -> list[dict]:
+    _check_db(db)
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
@@ -228,6 +241,7 @@ def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[s
     exclude = exclude or {}
     out = {}
     tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
+    _check_db(db)
     for (table,) in sqlite3.connect(db).execute(tables):
         rows = _q(db, f"SELECT * FROM {table}")
         out[table] = sorted(json.dumps({k: v for k, v in r.items() if k not in exclude.get(table, [])},
@@ -237,9 +251,19 @@ def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[s
 
 def file_hashes(ws: Path) -> dict[str, str]:
     """Hashes of the workspace's files, except the database (compared by dump) and environment metadata."""
-    return {p.relative_to(ws).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(ws.rglob("*")) if p.is_file() and not p.name.startswith("shop.db")
-            and p.relative_to(ws).parts[0] not in (".git", ".task")}
+    out = {}
+    for p in sorted(ws.rglob("*")):
+        rel = p.relative_to(ws).as_posix()
+        if p.name.startswith("shop.db") or rel.split("/")[0] in (".git", ".task"):
+            continue
+        if p.is_symlink() or (p.exists() and not p.is_dir() and not p.is_file()):
+            out[rel] = "not a regular file"  # a link or a FIFO: never read, and it counts as a change
+        elif p.is_file():
+            try:
+                out[rel] = hashlib.sha256(read_regular(ws, rel) or b"").hexdigest()
+            except UnsafePatch as e:
+                out[rel] = f"refused: {e}"
+    return out
 
 
 # ---- judges -------------------------------------------------------------------------------------------------------
@@ -287,8 +311,11 @@ def check_item(item: dict, ws: Path, judge: Judge) -> tuple[bool, str]:
         n = _q(db, f"SELECT COUNT(*) AS n FROM {item['table']} WHERE {cond}", args)[0]["n"]
         return n == item["expect"], f"{n} rows"
     if t in ("file_contains", "file_absent"):
-        p = ws / item["path"]
-        text = p.read_text() if p.is_file() else None
+        try:
+            data = read_regular(ws, item["path"])
+        except UnsafePatch as e:
+            return False, str(e)
+        text = None if data is None else data.decode("utf-8", "replace")
         if t == "file_absent":
             return text is None, "absent" if text is None else "present"
         ok = text is not None and all(s.lower() in text.lower() for s in item["text"])
@@ -320,7 +347,10 @@ def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None)
     reasons = []
     rubric = {}
     for item in task.rubric:
-        ok, seen = check_item(item, ws, judge)
+        try:
+            ok, seen = check_item(item, ws, judge)
+        except (ToolError, sqlite3.DatabaseError) as e:
+            ok, seen = False, str(e)
         rubric[item["id"]] = ok
         if not ok:
             reasons.append(f"rubric {item['id']} failed ({item.get('description', '')}); saw {seen}")
@@ -336,7 +366,7 @@ def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None)
     try:
         got_full = dump_tables(ws / "shop.db")
         got = dump_tables(ws / "shop.db", task.free_text)
-    except sqlite3.DatabaseError as e:
+    except (sqlite3.DatabaseError, ToolError) as e:
         return GeneralGrade(task.id, False, 0.0, rubric, 0.0, False, False, reasons + [f"shop.db unreadable: {e}"])
     state_ok = all(got.get(t) == want.get(t) for t in task.allowed_tables)
     if not state_ok:

@@ -1,25 +1,27 @@
 """The sandbox every environment runs agent commands and graders in (Report §4.2, "environment cleaning and network
-isolation"; DESIGN "Environments, harness, grading").
+isolation"; the threat model is ``docs/sandbox.md``).
 
-One call, :func:`run_sandboxed`, runs one command:
+:func:`run_sandboxed` runs one command; :func:`spawn_sandboxed` + :func:`pump` run several side by side (the
+grader's judge next to the agent's code). Each command, as root, gets every layer of :mod:`mimo_kit.envs.isolation`:
 
-- in its **own session and process group** (``setsid``); a timeout SIGKILLs the whole group, and because every
-  sandboxed command runs under its **own throw-away uid**, a final sweep kills any process of that uid that escaped
-  the group with ``setsid`` or a double fork (peers' lesson: *orphans outlive timeouts*);
-- under **rlimits**: CPU seconds, file size, number of processes (and address space, except for ASan builds, which
-  reserve terabytes of virtual memory);
-- as an **unprivileged user**: as root, ``RLIMIT_NPROC`` does not bind, so the child drops to a fresh uid (from
-  ``uid_base``); a fork bomb then stops at ``nproc`` processes;
-- with a **private temp HOME**, a minimal environment and the workspace as its only writable directory;
-- with **network off** through a new network namespace (only a down loopback inside) and, as root, a private mount
-  namespace in which ``hide_paths`` (the kit's task data: gold patches, hidden tests) are covered by an empty tmpfs;
-- with **output truncated** to a head and a tail and a notice saying how many bytes were dropped.
+- its own **cgroup** (memory and task budgets for all its processes together; the kill switch), joined by the
+  forked child before anything else runs;
+- fresh **mount, network, IPC and UTS namespaces**; the filesystem is an **allowlist** (:mod:`mimo_kit.envs.fsview`):
+  system folders and Python read-only, the workspace and HOME read-write, a private size-limited scratch tmpfs for
+  ``/tmp``, ``/var/tmp``, ``/dev/shm`` and ``/run/lock``; nothing of the kit's repository, of other episodes or of
+  the host's sockets;
+- a **PID namespace** (``unshare --pid --fork --kill-child --mount-proc``): the command sees only its own
+  processes, and when it exits (or is killed) the kernel kills every process it left behind;
+- a **leased throw-away uid** (:mod:`mimo_kit.envs.uids`), ``no_new_privs``, no supplementary groups;
+- **rlimits** (CPU seconds, file size, processes, address space except for ASan builds, no core files);
+- **output truncated** to a head and a tail with a notice of how many bytes were dropped.
 
-Isolation is probed once per process (:func:`capabilities`). Where the OS refuses a namespace the sandbox still
-runs, warns once, and records ``network_isolated=False`` on every result so a trainer can refuse such rollouts.
+Isolation is probed once per process. Where the OS refuses a layer the sandbox still runs, warns once naming the
+layer and what it would have stopped, and records the active layers on every result (``SandboxResult.layers``);
+``SandboxConfig.require`` turns a missing layer into an error instead.
 
-Departure from production sandboxes (containers, gVisor): no image, no Docker, no network; a 2-core CPU runs a
-command in a few milliseconds more than a bare ``subprocess.run`` (``benchmarks/RESULTS_grading.md``).
+Departure from production sandboxes (containers, gVisor): no image, no Docker, no seccomp filter; a 2-core CPU runs
+a command in a few tens of milliseconds more than a bare ``subprocess.run`` (``benchmarks/RESULTS_grading.md``).
 """
 
 from __future__ import annotations
@@ -28,31 +30,43 @@ import ctypes
 import dataclasses
 import functools
 import os
-import random
 import resource
-import selectors
 import shlex
+import shutil
 import signal
 import subprocess
 import tempfile
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.envs import fsview
+from mimo_kit.envs.cgroups import CommandCgroup
+from mimo_kit.envs.isolation import (
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWUTS,
+    LAYERS,
+    Capabilities,
+    capabilities,
+    warn_once,
+)
+from mimo_kit.envs.streams import Tail, drain, pump  # noqa: F401  (pump: run several commands side by side)
+from mimo_kit.envs.uids import kill_uid, lease_uid, release_uid, uid_pids  # noqa: F401
 
-_KIT_ROOT = Path(__file__).resolve().parents[2]
-
-CLONE_NEWNS = 0x00020000
-CLONE_NEWNET = 0x40000000
-MS_RDONLY = 1
-MS_BIND = 4096
-MS_MOVE = 8192
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
+PR_SET_NO_NEW_PRIVS = 38
+#: Extra tasks pids.max allows beyond ``nproc``: the ``unshare`` wrapper outside the PID namespace, and its child.
+WRAPPER_TASKS = 2
+#: What util-linux ``unshare --fork`` prints (then exits 1) when its child died of SIGKILL, which it cannot re-raise.
+UNSHARE_SIGKILL = "unshare: sigprocmask unblock failed: Invalid argument\n"
 
 _libc = ctypes.CDLL(None, use_errno=True)
+
+
+class SandboxError(RuntimeError):
+    """The sandbox cannot run a command as configured; the message names the layer or value."""
 
 
 @dataclasses.dataclass
@@ -62,22 +76,33 @@ class SandboxConfig(Config):
     timeout_s: float = knob(30.0, "a toy test suite finishes in < 1 s; 30 s bounds a stuck command in an RL loop",
                             min=0.01)
     cpu_s: int = knob(60, "RLIMIT_CPU: a busy loop dies even if the wall-clock timeout were lost", min=1)
-    fsize_mb: int = knob(64, "RLIMIT_FSIZE: a runaway writer cannot fill the disk", min=1)
-    nproc: int = knob(64, "RLIMIT_NPROC for the sandbox uid: enough for git/pytest/gcc, a fork bomb stops here", min=4)
+    fsize_mb: int = knob(64, "RLIMIT_FSIZE: one runaway file stops here (the volume bounds the sum)", min=1)
+    nproc: int = knob(64, "RLIMIT_NPROC of the sandbox uid and the cgroup's task budget: enough for git/pytest/gcc",
+                      min=4)
     address_space_mb: int = knob(4096, "RLIMIT_AS; 0 = off (ASan reserves ~20 TB of virtual memory)", min=0)
+    memory_mb: int = knob(1024, "cgroup memory budget of all processes of a command (tmpfs pages they write too); "
+                                "toy tests use < 100 MB", min=16)
+    scratch_mb: int = knob(64, "private tmpfs behind /tmp, /var/tmp, /dev/shm, /run/lock; a toy build needs a few MB",
+                           min=1)
+    disk_mb: int = knob(256, "size of an episode's volume (workspace + HOME on tmpfs); a toy repo is < 1 MB", min=4)
     output_limit: int = knob(64_000, "bytes of stdout and of stderr kept (half head, half tail): a model reads it",
                              min=256)
     network: bool = knob(False, "Report §4.2: network isolation; True only for a deliberately uncleaned variant")
-    drop_privileges: bool = knob(True, "as root, run as a throw-away uid so RLIMIT_NPROC binds and files are guarded")
-    uid_base: int = knob(200_000, "throw-away uids are drawn from [uid_base, uid_base + 50000); no passwd entry",
+    drop_privileges: bool = knob(True, "as root, run as a leased throw-away uid so RLIMIT_NPROC binds and files "
+                                       "are guarded")
+    uid_base: int = knob(200_000, "throw-away uids come from [uid_base, uid_base + uid_count); no passwd entry",
                          min=1000)
-    hide_kit_data: bool = knob(True, "cover the kit's data/ (gold patches, hidden tests) with an empty tmpfs")
-    private_tmp: bool = knob(True, "mask every entry of the shared roots below except the command's own dirs "
-                                   "(other episodes' workspaces, other checkouts of the kit and their gold data)")
-    shared_roots: tuple[str, ...] = knob(("/tmp", "/var/tmp", "/work", "/srv", "/home", "/mnt"),
-                                         "folders where other episodes, checkouts and users keep files")
+    uid_count: int = knob(50_000, "enough uids for any number of concurrent episodes on one machine", min=1)
+    require: tuple[str, ...] = knob((), "isolation layers that must be active (see isolation.LAYERS); a missing one "
+                                        "raises instead of warning")
 
     PRESETS = {"tiny": {}}
+
+    def check(self) -> None:
+        unknown = [x for x in self.require if x not in LAYERS]
+        if unknown:
+            raise ConfigError(f"SandboxConfig.require={list(self.require)}: unknown layers {unknown}; "
+                              f"known: {', '.join(LAYERS)}")
 
 
 @dataclasses.dataclass
@@ -94,7 +119,11 @@ class SandboxResult:
     stdout_bytes: int = 0  # bytes the command wrote before truncation
     stderr_bytes: int = 0
     uid: int | None = None
-    killed_escapees: int = 0  # processes of the sandbox uid that outlived the command and were killed
+    killed_escapees: int = 0  # processes that outlived the command and were killed by the cgroup or uid sweep
+    layers: tuple[str, ...] = ()  # isolation layers active for this command
+    oom_killed: bool = False  # the memory budget was exceeded and the kernel killed a process
+    tasks_refused: int = 0  # forks refused at the task budget
+    peak_memory_mb: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -107,65 +136,15 @@ class SandboxResult:
                               if self.stderr else "")
 
 
-# ---- capability probe ---------------------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Capabilities:
-    root: bool
-    netns: bool  # a new network namespace can be created
-    mountns: bool  # a private mount namespace with tmpfs masks (root only)
-    unshare_cmd: bool  # `unshare -rn` works (non-root fallback for the network)
-    notes: str
-
-
-def _preexec_probe(flags: int) -> None:
-    if _libc.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno(), "unshare failed")
-
-
-@functools.lru_cache(maxsize=1)
-def capabilities() -> Capabilities:
-    """Probe once what isolation this OS allows (namespaces as root, ``unshare -rn`` otherwise)."""
-    root = os.geteuid() == 0
-    notes = []
-
-    def works(**kw) -> bool:
-        try:
-            return subprocess.run(["/bin/true"], timeout=10, **kw).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            return False
-
-    netns = root and works(preexec_fn=functools.partial(_preexec_probe, CLONE_NEWNET))
-    mountns = root and works(preexec_fn=functools.partial(_preexec_probe, CLONE_NEWNET | CLONE_NEWNS))
-    unshare_cmd = False
-    if not netns:
-        try:
-            unshare_cmd = subprocess.run(["unshare", "-rn", "/bin/true"], timeout=10,
-                                         capture_output=True).returncode == 0
-        except (OSError, subprocess.SubprocessError):
-            unshare_cmd = False
-    if not (netns or unshare_cmd):
-        notes.append("no network namespace available: sandboxed commands keep the host network")
-    if not mountns:
-        notes.append("no private mount namespace: the kit's data/ stays readable from inside the sandbox")
-    if not root:
-        notes.append("not root: commands run as the current user (RLIMIT_NPROC counts all its processes)")
-    return Capabilities(root, netns, mountns, unshare_cmd, "; ".join(notes))
-
-
-@functools.cache
-def _warn_once(message: str) -> None:
-    warnings.warn(f"mimo_kit sandbox: {message}", RuntimeWarning, stacklevel=3)
-
-
 # ---- helpers ------------------------------------------------------------------------------------------------------
 def new_uid(cfg: SandboxConfig) -> int:
-    """A throw-away uid for one sandboxed episode (shared by its commands so they can touch their own files)."""
-    return cfg.uid_base + random.SystemRandom().randrange(50_000)
+    """Lease a throw-away uid for one episode (shared by its commands); give it back with :func:`release_uid`."""
+    return lease_uid(cfg.uid_base, cfg.uid_count)
 
 
-def chown_tree(path: str | Path, uid: int) -> None:
-    """Hand a workspace (or HOME) to the sandbox uid so it can write there and nowhere else."""
-    if os.geteuid() != 0:
+def chown_tree(path: str | Path, uid: int | None) -> None:
+    """Hand a workspace (or HOME) to the sandbox uid so it can write there and nowhere else (never follows links)."""
+    if os.geteuid() != 0 or uid is None:
         return
     for root, dirs, files in os.walk(path):
         os.lchown(root, uid, uid)
@@ -173,293 +152,233 @@ def chown_tree(path: str | Path, uid: int) -> None:
             os.lchown(os.path.join(root, name), uid, uid)
 
 
-def minimal_env(home: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+def minimal_env(home: str, extra: dict[str, str] | None = None, tmp: str | None = None) -> dict[str, str]:
     """The environment a sandboxed command sees: PATH, HOME, TMPDIR, a locale, no secrets, no proxies."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8",
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": tmp or home, "LANG": "C.UTF-8",
            "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "USER": "sandbox",
            "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0"}
     env.update(extra or {})
     return env
 
 
-class _Tail:
-    """Keep the first ``limit // 2`` and the last ``limit // 2`` bytes of a stream, and count all of them."""
-
-    def __init__(self, limit: int):
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            if len(self.tail) > 2 * self.half:
-                del self.tail[: len(self.tail) - self.half]
-
-    def text(self) -> str:
-        tail = bytes(self.tail[-self.half:]) if self.half else b""
-        dropped = self.total - len(self.head) - len(tail)
-        if dropped <= 0:
-            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", "replace")
-        notice = f"\n[... output truncated: {dropped:,} of {self.total:,} bytes dropped (head and tail kept) ...]\n"
-        return bytes(self.head).decode("utf-8", "replace") + notice + tail.decode("utf-8", "replace")
+# ---- the child's side: between fork and exec ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    join_fds: tuple[int, ...]
+    unshare_flags: int
+    view: fsview.View | None
+    hidepid_proc: bool  # no PID namespace: a /proc that shows only the sandbox uid's processes
+    limits: tuple[tuple[int, int], ...]
+    drop_to: int | None  # uid to switch to here (when the PID-namespace wrapper does not)
 
 
-def _uid_pids(uid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/status") as fh:
-                for line in fh:
-                    if line.startswith("State:") and line.split()[1] in ("Z", "X"):
-                        break  # a zombie waits for its reaper; it holds no resources
-                    if line.startswith("Uid:"):
-                        if int(line.split()[1]) == uid:
-                            pids.append(int(entry))
-                        break
-        except OSError:
-            continue
-    return pids
-
-
-def kill_uid(uid: int, rounds: int = 20) -> int:
-    """SIGKILL every process of ``uid`` (repeat: a fork bomb forks while we kill). Returns how many were killed."""
-    killed = 0
-    for _ in range(rounds):
-        pids = _uid_pids(uid)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-        time.sleep(0.005)
-    return killed
-
-
-@functools.lru_cache(maxsize=1)
-def _exposures() -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """Directories the sandbox uid must reach (the Python the kit runs on) but cannot, behind a private ancestor.
-
-    Returns ``(ancestor, (needed, ...))`` pairs: inside the sandbox's mount namespace the ancestor (e.g. root's
-    ``/root``, mode 700, where pyenv lives) is covered by an empty tmpfs and only the needed trees are bound back in,
-    which also keeps the rest of that home directory out of the agent's reach.
-    """
-    import sys
-
-    needed = {str(Path(p).resolve()) for p in (sys.base_prefix, sys.prefix)}
-    out: dict[str, list[str]] = {}
-    for path in sorted(needed):
-        parts = Path(path).parents
-        for anc in reversed(parts):  # from / downwards: the highest ancestor others cannot traverse
-            if str(anc) != "/" and not (os.stat(anc).st_mode & 0o001):
-                out.setdefault(str(anc), []).append(path)
-                break
-    return tuple((a, tuple(n)) for a, n in out.items())
-
-
-def _always_visible() -> tuple[str, ...]:
-    """What sandboxed commands need wherever the kit lives, /tmp included: the Python it runs on (the virtual
-    environment and its base install) and the kit's own code (its data/ stays hidden by ``hide_kit_data``)."""
-    import sys
-
-    return tuple(dict.fromkeys(str(p) for p in (sys.prefix, sys.base_prefix, Path(sys.prefix).resolve(),
-                                                 Path(sys.base_prefix).resolve(), _KIT_ROOT)))
-
-
-def _tmp_masks(keep: tuple[str, ...], roots: tuple[str, ...] = ("/tmp",)) -> tuple[tuple[str, bool], ...]:
-    """(path, is_dir) of every entry of ``roots`` that is neither one of ``keep`` nor an ancestor of one."""
-    out = []
-    entries = []
-    for root in roots:
-        try:
-            entries += list(os.scandir(root))
-        except OSError:  # a root this machine does not have
-            continue
-    for entry in entries:
-        path = entry.path
-        if any(k == path or k.startswith(path + "/") for k in keep):
-            continue
-        try:
-            if entry.is_symlink():
-                continue
-            out.append((path, entry.is_dir()))
-        except OSError:
-            continue
-    return tuple(out)
-
-
-def _preexec(cfg: SandboxConfig, uid: int | None, hide: tuple[str, ...], netns: bool, mountns: bool,
-             stage: str, masks: tuple[tuple[str, bool], ...] = ()) -> None:
-    """Runs in the child between fork and exec: namespaces, rlimits, then drop to the sandbox uid."""
-    flags = (CLONE_NEWNET if netns else 0) | (CLONE_NEWNS if mountns else 0)
-    if flags and _libc.unshare(flags) != 0:
+def _preexec(plan: _Plan) -> None:
+    """Cgroup, namespaces, filesystem view, rlimits, no_new_privs, then the uid. Errors exit 125 with a message."""
+    try:
+        for fd in plan.join_fds:
+            os.write(fd, b"0")  # 0 = the writing process: joins before any agent code runs
+        if plan.unshare_flags and _libc.unshare(plan.unshare_flags) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        if plan.view is not None:
+            fsview.apply_view(plan.view)
+            if plan.hidepid_proc:
+                fsview._mount(b"proc", b"/proc", b"proc", fsview.MS_NOSUID | fsview.MS_NODEV | fsview.MS_NOEXEC,
+                              b"hidepid=2")
+        for what, value in plan.limits:
+            resource.setrlimit(what, (value, value))
+        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(no_new_privs)")
+        if plan.drop_to is not None:
+            os.setgroups([])
+            os.setgid(plan.drop_to)
+            os.setuid(plan.drop_to)
+    except BaseException as e:  # noqa: BLE001 - report any setup failure through stderr, never run unconfined
+        os.write(2, f"sandbox setup failed: {e!r}\n".encode())
         os._exit(125)
-    if mountns:
-        _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-        for path in hide:
-            _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
-        for path, is_dir in masks:  # other episodes' and checkouts' files: empty dirs, /dev/null files
-            if is_dir:
-                _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_RDONLY, b"size=4k,mode=0555")
-            else:
-                _libc.mount(b"/dev/null", path.encode(), None, MS_BIND, None)
-        if uid is not None:
-            for i, (ancestor, needed) in enumerate(_exposures()):
-                staged = []
-                for j, path in enumerate(needed):
-                    tmp = f"{stage}/.x{i}_{j}"
-                    os.mkdir(tmp)
-                    _libc.mount(path.encode(), tmp.encode(), None, MS_BIND | MS_REC, None)
-                    staged.append((tmp, path))
-                _libc.mount(b"tmpfs", ancestor.encode(), b"tmpfs", 0, b"size=64k,mode=0755")
-                for tmp, path in staged:
-                    os.makedirs(path, exist_ok=True)
-                    _libc.mount(tmp.encode(), path.encode(), None, MS_MOVE, None)
-    limits = [(resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_FSIZE, cfg.fsize_mb << 20),
-              (resource.RLIMIT_CORE, 0)]
-    if cfg.address_space_mb:
-        limits.append((resource.RLIMIT_AS, cfg.address_space_mb << 20))
-    if uid is not None or os.geteuid() != 0:
-        limits.append((resource.RLIMIT_NPROC, cfg.nproc))
-    for what, value in limits:
-        resource.setrlimit(what, (value, value))
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
 
 
-# ---- the one entry point ------------------------------------------------------------------------------------------
+# ---- one running command ------------------------------------------------------------------------------------------
+class SandboxProcess:
+    """A sandboxed command in flight: its pipes are drained by :func:`pump`; :meth:`finish` kills what is left."""
+
+    def __init__(self, argv, popen, cfg, *, uid, own_uid, cgroup, stage, own_home, netns, layers, t0):
+        self.argv, self.popen, self.cfg = argv, popen, cfg
+        self.uid, self.own_uid, self.cgroup, self.stage, self.own_home = uid, own_uid, cgroup, stage, own_home
+        self.netns, self.layers, self.t0 = netns, layers, t0
+        self.out, self.err = Tail(cfg.output_limit), Tail(cfg.output_limit)
+
+    def finish(self, timed_out: bool) -> SandboxResult:
+        """Kill every process of the command (the group, the cgroup, the uid sweep as a fallback), collect results."""
+        p = self.popen
+        try:
+            if timed_out or p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            escapees = 0
+            if self.cgroup is not None:
+                escapees = self.cgroup.kill()
+            if self.uid is not None and "pid_namespace" not in self.layers:
+                escapees += kill_uid(self.uid)
+            p.wait()
+            for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
+                drain(f, tail)  # what the command wrote before it died
+                f.close()
+            events = self.cgroup.events() if self.cgroup is not None else {}
+            peak = self.cgroup.peak_memory_mb() if self.cgroup is not None else 0.0
+        finally:
+            if self.cgroup is not None:
+                self.cgroup.remove()
+            if self.stage:
+                shutil.rmtree(self.stage, ignore_errors=True)
+            if self.own_home:
+                shutil.rmtree(self.own_home, ignore_errors=True)
+            if self.own_uid:
+                release_uid(self.uid)
+        rc = p.returncode
+        err = self.err.text()
+        if "pid_namespace" in self.layers and rc == 1 and err.endswith(UNSHARE_SIGKILL):
+            rc, err = -signal.SIGKILL, err[: -len(UNSHARE_SIGKILL)]  # the command was SIGKILLed (CPU limit, OOM)
+        if rc == 125 and err.startswith("sandbox setup failed"):
+            raise SandboxError(f"{err.strip()} (argv {describe_command(self.argv)!r})")
+        oom = events.get("oom_kills", 0) > 0
+        if oom:
+            err += f"\n[sandbox: memory budget of {self.cfg.memory_mb} MB exceeded; the kernel killed a process]\n"
+        if events.get("pids_refused", 0):
+            err += f"\n[sandbox: task budget of {self.cfg.nproc} reached; {events['pids_refused']} forks refused]\n"
+        return SandboxResult(argv=self.argv, returncode=rc if not timed_out else -9, stdout=self.out.text(),
+                             stderr=err, timed_out=timed_out, network_isolated=self.netns,
+                             wall_s=time.perf_counter() - self.t0, stdout_bytes=self.out.total,
+                             stderr_bytes=self.err.total, uid=self.uid, killed_escapees=escapees,
+                             layers=self.layers, oom_killed=oom, tasks_refused=events.get("pids_refused", 0),
+                             peak_memory_mb=peak)
+
+
+def _argv(cmd: str | Sequence[str]) -> list[str]:
+    if isinstance(cmd, str):
+        return ["/bin/sh", "-c", cmd]
+    if isinstance(cmd, Sequence) and cmd and all(isinstance(a, str) for a in cmd):
+        return list(cmd)
+    raise ConfigError(f"run_sandboxed: cmd={cmd!r}, expected a shell string or a non-empty list of strings")
+
+
+def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxConfig | None = None,
+                    home: str | Path | None = None, uid: int | None = None, env: dict[str, str] | None = None,
+                    stdin: bytes | None = None, hide_paths: Sequence[str | Path] = (), network: bool | None = None,
+                    pass_fds: Sequence[int] = (), visible: Sequence[str | Path] = (),
+                    writable: Sequence[str | Path] = ()) -> SandboxProcess:
+    """Start ``cmd`` under the sandbox and return at once; see :func:`run_sandboxed` for the arguments."""
+    cfg = cfg or SandboxConfig()
+    argv = _argv(cmd)
+    cwd = Path(cwd)
+    if not cwd.is_dir():
+        raise ConfigError(f"run_sandboxed: cwd={str(cwd)!r} is not a directory")
+    caps: Capabilities = capabilities()
+    want_net_off = not (cfg.network if network is None else network)
+    own_uid = caps.root and cfg.drop_privileges and uid is None
+    uid = (new_uid(cfg) if own_uid else uid) if caps.root and cfg.drop_privileges else None
+    view_on, pidns = caps.mountns, caps.mountns and caps.pidns and uid is not None
+    netns = want_net_off and (caps.netns if caps.root else caps.unshare_cmd)
+    flags = (CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS if view_on else 0) | (
+        CLONE_NEWNET if want_net_off and caps.netns else 0)
+    if want_net_off and netns and not caps.netns:
+        argv = ["unshare", "-rn", "--"] + argv
+    layers = tuple(x for x, on in {"uid": uid is not None, "no_new_privs": True, "network_namespace": netns,
+                                   "mount_namespace": view_on, "pid_namespace": pidns,
+                                   "cgroup": bool(caps.cgroup)}.items() if on)
+    missing = [x for x in cfg.require if x not in layers and x != "volume"]
+    if missing:
+        if own_uid:
+            release_uid(uid)
+        raise SandboxError(f"isolation layers {missing} are required (SandboxConfig.require) but not available "
+                           f"here: {caps.notes or 'see mimo-kit env-check'}")
+    if caps.notes:
+        warn_once(caps.notes)
+    stage = own_home = None
+    cgroup = None
+    join_fds: list[int] = []
+    try:
+        if view_on:
+            stage = tempfile.mkdtemp(prefix="mimo-stage-")
+            view = fsview.build_view(stage, str(cwd), home=str(home) if home else None, scratch_mb=cfg.scratch_mb,
+                                     owner=uid, visible=tuple(str(v) for v in visible),
+                                     writable=tuple(str(w) for w in writable),
+                                     hide=tuple(str(h) for h in hide_paths))
+            home_inside = str(home) if home else "/tmp/home"
+        else:
+            view = None
+            if home is None:
+                own_home = tempfile.mkdtemp(prefix="mimo-home-")
+                if uid is not None:
+                    os.chown(own_home, uid, uid)
+            home_inside = str(home) if home else own_home
+        if caps.cgroup:
+            cgroup = CommandCgroup.create(caps.cgroup, cfg.memory_mb, cfg.nproc + WRAPPER_TASKS)
+            join_fds = cgroup.open_join_fds()
+        limits = [(resource.RLIMIT_CPU, cfg.cpu_s), (resource.RLIMIT_FSIZE, cfg.fsize_mb << 20),
+                  (resource.RLIMIT_CORE, 0)]
+        if cfg.address_space_mb:
+            limits.append((resource.RLIMIT_AS, cfg.address_space_mb << 20))
+        if uid is not None or not caps.root:
+            limits.append((resource.RLIMIT_NPROC, cfg.nproc))
+        if pidns:
+            argv_exec = [shutil.which("unshare") or "/usr/bin/unshare", "--pid", "--fork", "--kill-child",
+                         "--mount-proc", "--setuid", str(uid), "--setgid", str(uid), "--", *argv]
+        else:
+            argv_exec = argv
+        plan = _Plan(tuple(join_fds), flags, view, view_on and not pidns and caps.root, tuple(limits),
+                     uid if not pidns else None)
+        t0 = time.perf_counter()
+        popen = subprocess.Popen(
+            argv_exec, cwd=str(cwd), env=minimal_env(home_inside, env, "/tmp" if view_on else None),
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
+            preexec_fn=functools.partial(_preexec, plan))
+    except BaseException:
+        if cgroup is not None:
+            cgroup.remove()
+        for d in (stage, own_home):
+            if d:
+                shutil.rmtree(d, ignore_errors=True)
+        if own_uid:
+            release_uid(uid)
+        raise
+    finally:
+        for fd in join_fds:
+            os.close(fd)
+    if stdin:
+        try:
+            popen.stdin.write(stdin)
+            popen.stdin.close()
+        except BrokenPipeError:
+            pass
+    return SandboxProcess(argv, popen, cfg, uid=uid, own_uid=own_uid, cgroup=cgroup, stage=stage, own_home=own_home,
+                          netns=netns, layers=layers, t0=t0)
+
+
 def run_sandboxed(cmd: str | Sequence[str], cwd: str | Path, timeout_s: float | None = None, *,
                   cfg: SandboxConfig | None = None, home: str | Path | None = None, uid: int | None = None,
                   env: dict[str, str] | None = None, stdin: bytes | None = None,
                   hide_paths: Sequence[str | Path] = (), network: bool | None = None,
-                  pass_fds: Sequence[int] = (), visible: Sequence[str | Path] = ()) -> SandboxResult:
+                  pass_fds: Sequence[int] = (), visible: Sequence[str | Path] = (),
+                  writable: Sequence[str | Path] = ()) -> SandboxResult:
     """Run ``cmd`` (an argv list, or a shell string run by ``/bin/sh -c``) in ``cwd`` under the sandbox.
 
-    ``uid``: the episode's sandbox uid (:func:`new_uid`); a fresh one is drawn when None. The caller owns ``cwd``'s
-    permissions: :func:`chown_tree` it to ``uid`` to make it writable. ``home``: a private HOME (a fresh temp dir,
-    removed afterwards, when None). ``env`` adds to :func:`minimal_env`. ``hide_paths`` are masked with an empty
-    tmpfs (plus the kit's ``data/`` when ``cfg.hide_kit_data``). ``pass_fds``: descriptors the command inherits
-    (the grader's write-only result file). With ``cfg.private_tmp`` every other entry of ``/tmp`` is masked; list
-    extra paths the command needs there (besides ``cwd`` and ``home``) in ``visible``.
+    ``uid``: the episode's leased uid (:func:`new_uid`); a fresh one is leased for this call when None. ``cwd``
+    (and ``home``, and ``writable``) are bound read-write: :func:`chown_tree` them to ``uid`` first. ``home``: a
+    HOME that persists across the episode's commands (a fresh one on the private scratch tmpfs when None).
+    ``visible``: extra paths the command may read. ``hide_paths``: folders inside the view covered by an empty
+    tmpfs. ``pass_fds``: descriptors the command inherits. ``network``: overrides ``cfg.network``.
     """
     cfg = cfg or SandboxConfig()
     timeout = cfg.timeout_s if timeout_s is None else float(timeout_s)
     if timeout <= 0:
         raise ConfigError(f"run_sandboxed: timeout_s={timeout_s!r}, expected a positive number of seconds")
-    if isinstance(cmd, str):
-        argv = ["/bin/sh", "-c", cmd]
-    elif isinstance(cmd, Sequence) and cmd and all(isinstance(a, str) for a in cmd):
-        argv = list(cmd)
-    else:
-        raise ConfigError(f"run_sandboxed: cmd={cmd!r}, expected a shell string or a non-empty list of strings")
-    cwd = Path(cwd)
-    if not cwd.is_dir():
-        raise ConfigError(f"run_sandboxed: cwd={str(cwd)!r} is not a directory")
-    caps = capabilities()
-    want_net_off = not (cfg.network if network is None else network)
-    root = caps.root
-    if root and cfg.drop_privileges:
-        uid = new_uid(cfg) if uid is None else uid
-    else:
-        uid = None
-    netns = want_net_off and caps.netns
-    hide = tuple(str(Path(p).resolve()) for p in hide_paths) + (
-        (str(_KIT_ROOT / "data"),) if cfg.hide_kit_data and (_KIT_ROOT / "data").is_dir() else ())
-    mountns = caps.mountns and (bool(hide) or uid is not None)
-    if want_net_off and not netns and caps.unshare_cmd:
-        argv = ["unshare", "-rn", "--"] + argv
-        netns_used = True
-    else:
-        netns_used = netns
-    if want_net_off and not netns_used:
-        _warn_once(caps.notes or "network isolation unavailable")
-    if hide and not mountns:
-        _warn_once(caps.notes or "cannot hide paths")
-
-    own_home = home is None
-    home_dir = Path(tempfile.mkdtemp(prefix="mimo-home-")) if own_home else Path(home)
-    if own_home and uid is not None:
-        os.chown(home_dir, uid, uid)
-    stage = tempfile.mkdtemp(prefix="mimo-stage-")  # root-only mount points for the exposure binds
-    keep = tuple(str(Path(p).resolve()) for p in (cwd, home_dir, stage, *visible, *_always_visible()))
-    masks = _tmp_masks(keep, cfg.shared_roots) if (mountns and cfg.private_tmp) else ()
-    t0 = time.perf_counter()
-    timed_out = False
-    out, err = _Tail(cfg.output_limit), _Tail(cfg.output_limit)
-    try:
-        proc = subprocess.Popen(
-            argv, cwd=str(cwd), env=minimal_env(str(home_dir), env), stdin=subprocess.PIPE if stdin else
-            subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            close_fds=True, pass_fds=tuple(pass_fds),
-            preexec_fn=functools.partial(_preexec, cfg, uid, hide, netns, mountns, stage, masks))
-        if stdin:
-            try:
-                proc.stdin.write(stdin)
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
-        deadline = t0 + timeout
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
-        grace_end = None  # once the command exits, its pipes get a short grace (a background child may hold them)
-        while sel.get_map():
-            now = time.perf_counter()
-            if grace_end is None and proc.poll() is not None:
-                grace_end = now + 0.2
-            if grace_end is not None and now >= grace_end:
-                break
-            left = deadline - now
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(left, 0.05)):
-                chunk = os.read(key.fileobj.fileno(), 1 << 16)
-                if chunk:
-                    key.data.feed(chunk)
-                else:
-                    sel.unregister(key.fileobj)
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-        if timed_out:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        escapees = kill_uid(uid) if uid is not None else 0
-        proc.wait()
-        sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
-    finally:
-        import shutil
-
-        if own_home:
-            shutil.rmtree(home_dir, ignore_errors=True)
-        shutil.rmtree(stage, ignore_errors=True)
-    rc = proc.returncode
-    if rc == 125 and (netns or mountns) and not out.total and not err.total:
-        raise RuntimeError("sandbox: unshare failed in the child although the probe succeeded")
-    return SandboxResult(argv=argv, returncode=rc if not timed_out else -9, stdout=out.text(), stderr=err.text(),
-                         timed_out=timed_out, network_isolated=netns_used,
-                         wall_s=time.perf_counter() - t0, stdout_bytes=out.total, stderr_bytes=err.total, uid=uid,
-                         killed_escapees=escapees)
+    proc = spawn_sandboxed(cmd, cwd, cfg=cfg, home=home, uid=uid, env=env, stdin=stdin, hide_paths=hide_paths,
+                           network=network, pass_fds=pass_fds, visible=visible, writable=writable)
+    timed_out = pump([proc], proc.t0 + timeout, proc)
+    return proc.finish(timed_out)
 
 
 def describe_command(cmd: str | Sequence[str]) -> str:

@@ -1,20 +1,21 @@
 """Environment adapters for the mini-harness: one workspace per episode, graded once at the end (Report §4.2).
 
-Each adapter builds the episode's sandbox identity (a throw-away uid owning the workspace and a private HOME in a
-non-listable temp folder), exposes the task text as ``instruction`` and its domain tools, and grades with the
-environment's own grader. Use as a context manager so the workspace is removed afterwards.
+Each adapter builds the episode's sandbox identity (a leased throw-away uid owning the workspace and a private HOME,
+both on the episode's size-limited volume), exposes the task text as ``instruction`` and its domain tools, and
+grades with the environment's own grader. Use as a context manager so the workspace is removed afterwards.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
+import os
 
 from mimo_kit.envs import code as code_env
 from mimo_kit.envs import cyber as cyber_env
 from mimo_kit.envs.hacks import audited_reward
+from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
+from mimo_kit.envs.uids import release_uid
+from mimo_kit.envs.volume import EpisodeVolume
 from mimo_kit.harness.tools import Tool, Workspace
 
 
@@ -23,9 +24,9 @@ class BaseEnv:
 
     def __init__(self, sandbox: SandboxConfig | None = None, network: bool = False):
         self.sandbox = sandbox or SandboxConfig()
-        self.tmp = Path(tempfile.mkdtemp(prefix="mimo-episode-"))
-        self.tmp.chmod(0o711)
-        uid = new_uid(self.sandbox)
+        self.volume = EpisodeVolume(self.sandbox.disk_mb)
+        self.tmp = self.volume.path
+        uid = new_uid(self.sandbox) if os.geteuid() == 0 and self.sandbox.drop_privileges else None
         (self.tmp / "home").mkdir()
         self.workspace = Workspace(self.tmp / "ws", uid, self.tmp / "home", self.sandbox, network)
 
@@ -40,7 +41,8 @@ class BaseEnv:
         raise NotImplementedError
 
     def close(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.volume.close()
+        release_uid(self.workspace.uid)
 
     def __enter__(self):
         return self
@@ -63,7 +65,7 @@ class CodeEnv(BaseEnv):
 
     def grade(self) -> dict:
         g = code_env.grade(self.task, self.workspace.root, self.cfg)
-        reward, flags = audited_reward(g.reward, self.workspace.commands) if self.audit else (g.reward, [])
+        reward, flags = audited_reward(g.reward, self.workspace.commands, g.diff) if self.audit else (g.reward, [])
         return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
                 "hack_flags": [f.reason for f in flags], "test_output": g.test_output}
 
@@ -80,10 +82,13 @@ class CyberEnv(BaseEnv):
         self.instruction = target.description + " Write the input to poc.bin in the working directory, then submit."
 
     def grade(self) -> dict:
-        poc = self.workspace.root / "poc.bin"
-        if not poc.is_file():
+        try:  # read as root: never through a link the agent planted
+            poc = read_regular(self.workspace.root, "poc.bin", self.cfg.max_poc_bytes)
+        except UnsafePatch as e:
+            return {"reward": 0.0, "reason": str(e)}
+        if poc is None:
             return {"reward": 0.0, "reason": "no poc.bin in the workspace"}
-        g = cyber_env.grade_poc(self.target, poc.read_bytes(), self.cfg)
+        g = cyber_env.grade_poc(self.target, poc, self.cfg)
         return {"reward": g.reward, "reason": g.reason, "got": list(g.got or ())}
 
 
@@ -122,8 +127,11 @@ class VisualEnv(BaseEnv):
         self.instruction = task.instruction + " Write the drawing program to drawing.txt, then submit."
 
     def grade(self) -> dict:
-        prog = self.workspace.root / "drawing.txt"
-        if not prog.is_file():
+        try:  # read as root: never through a link the agent planted
+            prog = read_regular(self.workspace.root, "drawing.txt")
+        except UnsafePatch as e:
+            return {"reward": 0.0, "reason": str(e)}
+        if prog is None:
             return {"reward": 0.0, "reason": "no drawing.txt"}
-        g = self.visual.grade_drawing(self.task, prog.read_text())
+        g = self.visual.grade_drawing(self.task, prog.decode("utf-8", "replace"))
         return {"reward": g.reward, "score": g.score, "reason": g.reason}

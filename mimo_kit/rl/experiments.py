@@ -25,8 +25,8 @@ import torch
 from mimo_kit.config.base import Config, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
-from mimo_kit.rl.trainer import RLConfig, run_rl, torch_threads
 from mimo_kit.rl.toy.world import expert_dataset, make_tasks
+from mimo_kit.rl.trainer import RLConfig, run_rl, torch_threads
 
 #: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
 RESULTS_DIR = DATA_DIR / "rl"

@@ -1,0 +1,140 @@
+"""Which isolation layers this machine gives a sandboxed command, probed once per process (Report §4.2).
+
+Each layer stops a class of attack (``docs/sandbox.md`` has the full table):
+
+=====================  ================================================================================
+layer                  what it stops
+=====================  ================================================================================
+``uid``                a throw-away, leased uid: RLIMIT_NPROC binds, files of the host and of other
+                       episodes are not writable, no signal or ptrace across episodes
+``no_new_privs``       setuid binaries and file capabilities cannot raise privileges again
+``network_namespace``  network access, abstract unix sockets of the host
+``mount_namespace``    the allowlisted filesystem view (:mod:`mimo_kit.envs.fsview`): no kit repository, no
+                       other episodes, private size-limited ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run/lock``
+``pid_namespace``      host processes and their command lines; every process dies with the command
+``cgroup``             total memory and task budgets; the kill switch for what remains
+``volume``             the episode's workspace and HOME on a size-limited tmpfs: no disk filling
+=====================  ================================================================================
+
+Where a layer is missing the sandbox still runs, warns once naming the layer and the attack class it would have
+stopped, and records the active layers on every result, so a trainer can refuse rollouts (``SandboxConfig.require``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+
+from mimo_kit.envs import cgroups, fsview
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC, CLONE_NEWNET = 0x00020000, 0x04000000, 0x08000000, 0x40000000
+#: The uid the PID-namespace probe switches to (``nobody``: exists everywhere, never a sandbox uid).
+PROBE_UID = 65534
+
+LAYERS = {
+    "uid": "a throw-away leased uid per episode (no cross-episode signals, files guarded, RLIMIT_NPROC binds)",
+    "no_new_privs": "no privilege gain through setuid binaries or file capabilities",
+    "network_namespace": "no network, no abstract unix sockets of the host",
+    "mount_namespace": "allowlisted filesystem: no kit repository, no other episodes, private /tmp and /dev/shm",
+    "pid_namespace": "host processes invisible; every process of a command dies with it",
+    "cgroup": "total memory and task budgets per command; the kill switch",
+    "volume": "workspace and HOME on a size-limited tmpfs (disk cannot fill)",
+}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    root: bool
+    netns: bool  # a new network namespace in the child (root)
+    mountns: bool  # the allowlisted view: mount namespace + pivot_root (root)
+    pidns: bool  # `unshare --pid --fork --mount-proc --setuid` works (root)
+    cgroup: int  # 1 or 2: the cgroup version that bounds a command; 0 = none
+    volume: bool  # size-limited tmpfs episode volumes can be mounted
+    unshare_cmd: bool  # `unshare -rn` works (the network fallback for non-root)
+    notes: str
+
+    @property
+    def layers(self) -> dict[str, bool]:
+        return {"uid": self.root, "no_new_privs": True, "network_namespace": self.netns or self.unshare_cmd,
+                "mount_namespace": self.mountns, "pid_namespace": self.pidns, "cgroup": bool(self.cgroup),
+                "volume": self.volume}
+
+
+def _unshare_in_child(flags: int) -> None:
+    if _libc.unshare(flags) != 0:
+        raise OSError(ctypes.get_errno(), "unshare failed")
+
+
+def _view_in_child(view: fsview.View) -> None:
+    _unshare_in_child(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
+    fsview.apply_view(view)
+
+
+def _works(argv: list[str], **kw) -> bool:
+    try:
+        return subprocess.run(argv, timeout=10, capture_output=True, **kw).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _volume_works() -> bool:
+    d = tempfile.mkdtemp(prefix="mimo-probe-")
+    try:
+        if _libc.mount(b"tmpfs", d.encode(), b"tmpfs", 0, b"size=1m") != 0:
+            return False
+        _libc.umount2(d.encode(), 2)
+        return True
+    finally:
+        os.rmdir(d)
+
+
+@functools.lru_cache(maxsize=1)
+def capabilities() -> Capabilities:
+    """Probe once what isolation this OS allows; notes name each missing layer and what it would have stopped."""
+    root = os.geteuid() == 0
+    netns = mountns = pidns = volume = unshare_cmd = False
+    cg = 0
+    notes = []
+    if root:
+        netns = _works(["/bin/true"], preexec_fn=functools.partial(_unshare_in_child, CLONE_NEWNET))
+        stage, ws = tempfile.mkdtemp(prefix="mimo-probe-"), tempfile.mkdtemp(prefix="mimo-probe-")
+        try:
+            view = fsview.build_view(stage, ws, home=None, scratch_mb=1, owner=None)
+            mountns = _works(["/bin/true"], preexec_fn=functools.partial(_view_in_child, view))
+        finally:
+            os.rmdir(stage)
+            os.rmdir(ws)
+        exe = shutil.which("unshare")
+        pidns = bool(exe) and _works([exe, "--pid", "--fork", "--kill-child", "--mount-proc", "--setuid",
+                                      str(PROBE_UID), "--setgid", str(PROBE_UID), "/bin/true"])
+        cg, cg_note = cgroups.probe()
+        if not cg:
+            notes.append(cg_note)
+        volume = _volume_works()
+    if not netns:
+        unshare_cmd = _works(["unshare", "-rn", "/bin/true"])
+    caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "")
+    for layer, active in caps.layers.items():
+        if not active:
+            notes.append(f"{layer} unavailable, not enforced: {LAYERS[layer]}")
+    if not root:
+        notes.append("not root: commands run as the current user (run the grader as root for every layer)")
+    return dataclasses.replace(caps, notes="; ".join(notes))
+
+
+@functools.cache
+def warn_once(message: str) -> None:
+    warnings.warn(f"mimo_kit sandbox: {message}", RuntimeWarning, stacklevel=3)
+
+
+def report() -> list[tuple[str, bool, str]]:
+    """(layer, active, what it stops) for every layer: what ``mimo-kit env-check`` prints."""
+    return [(name, active, LAYERS[name]) for name, active in capabilities().layers.items()]
