@@ -12,9 +12,11 @@ is the kit's). With H̄ the batch's mean token entropy and H* the target:
 Entropy below target widens the upper clip (low-probability tokens may grow: DAPO's clip-higher), entropy above
 target narrows it. k, H* and the bounds are ``ClipConfig`` fields.
 
-Truncated importance sampling (train–inference mismatch, Report §6.1): rollouts come from the inference engine
-(MXFP4 experts, different kernels), so π_old as recomputed by the trainer differs from π_rollout. Each token's
-loss is weighted by the detached, truncated ratio
+Truncated importance sampling (TIS) is a **kit addition**, not a mechanism of the report: the report closes the
+train–inference gap (Report §6.1) with routing replay, top-p candidate replay and QDQ experts; TIS is the
+common alternative from the open RL stacks, kept as a switch to compare against. Rollouts come from the inference
+engine (MXFP4 experts, different kernels), so π_old as recomputed by the trainer differs from π_rollout. Each
+token's loss is weighted by the detached, truncated ratio
 
     w_t = min(exp(old_logp_t − rollout_logp_t), C)
 

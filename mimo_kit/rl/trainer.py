@@ -115,7 +115,8 @@ class RLConfig(Config):
                              "recorded sampling set, as the rollout sampled it (Report §6.1)")
     freeze_router: bool = knob(True, "Report §5.4: router frozen in RL (published)")
     entropy_adaptive: bool = knob(True, "Report §5: clip range adjusted with policy entropy")
-    tis: bool = knob(False, "truncated IS against the rollout logprobs; off: π_old = π_rollout (one epoch)")
+    tis: bool = knob(False, "truncated IS against the rollout logprobs (a kit addition, not in the report); "
+                     "off: π_old = π_rollout (one epoch)")
     r3: bool = knob(False, "replay the experts chosen at rollout in the training forward (Report §6.1)")
     rollout_mxfp4: bool = knob(False, "the engine serves MXFP4 experts, as the report's rollouts do (Report §6)")
     qdq_experts: bool = knob(False, "train through QDQ'd experts so training matches MXFP4 rollouts (Report §6.1)")
