@@ -116,3 +116,33 @@ def test_a_full_batch_aborts_the_actions_in_flight_and_they_resume_under_new_wei
         eng.update_weights(eng.model.state_dict(), eng.policy_version + 1)
     assert mixed, "no aborted action was resumed under newer weights"
     assert all(v == sorted(v) for v in mixed)  # older tokens first: the prefix, then the continuation
+
+
+def test_an_action_cut_twice_keeps_each_part_s_version():
+    """Aborted at version 0, resumed and aborted again at version 1, finished at version 2: every token of the
+    action carries the version that sampled it, and the rollout's oldest version is the first part's."""
+    from mimo_kit.infra.engine import GenerationOutput
+    from mimo_kit.infra.rollout import Rollout, advance
+
+    class Cutting:
+        policy_version = 0
+        parts = [([1, 2], "abort"), ([3], "abort"), ([4, 9], "stop")]
+
+        def generate(self, requests):
+            ids, reason = self.parts.pop(0)
+            return [GenerationOutput(r.request_id, ids, [-0.1] * len(ids), reason, self.policy_version)
+                    for r in requests]
+
+    eng = Cutting()
+    r = Rollout.start(Countdown(1), "g", 0)
+    settings = RolloutSettings(max_turns=3, max_action_tokens=8, stop_token_ids=(9,))
+    advance(eng, [r], settings)
+    assert r.pending is not None and r.oldest_version() == 0
+    eng.policy_version = 1
+    advance(eng, [r], settings)
+    assert r.pending_versions == [0, 0, 1]
+    eng.policy_version = 2
+    advance(eng, [r], settings)
+    [seg] = [s for s in r.contexts[0] if s.role == "assistant"]
+    assert seg.token_ids == [1, 2, 3, 4, 9] and seg.policy_versions == [0, 0, 1, 2, 2]
+    assert r.finish == "stop" and r.pending is None and r.oldest_version() == 0

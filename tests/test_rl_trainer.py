@@ -272,7 +272,8 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_pa
     r = run_rl(tiny(tmp_path, sft_file, steps=3, prompts=4))
     for h in r["history"]:
         assert h["groups_trained"] == 4 and h["groups_drawn"] >= 4
-        assert h["kept_fraction"] == pytest.approx(h["groups_trained"] / h["groups_drawn"], abs=0.5)
+        signal = round(h["kept_fraction"] * h["groups_drawn"])  # groups drawn whose rewards carry signal
+        assert h["groups_trained"] <= signal <= h["groups_drawn"]
     off = run_rl(tiny(tmp_path / "off", sft_file, steps=2, prompts=4, dynamic_sampling=False))
     assert all(h["groups_drawn"] == h["groups_trained"] == 4 for h in off["history"])
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import os
 import secrets
-import signal
 import time
+
+from mimo_kit.envs.uids import sigkill_until_gone
 
 V1_ROOT = "/sys/fs/cgroup"
 #: Rounds of "list members, SIGKILL them" before :meth:`CommandCgroup.kill` gives up (a fork bomb forks while we kill).
@@ -105,25 +106,13 @@ class CommandCgroup:
 
     def kill(self) -> int:
         """SIGKILL every member until none is left. Returns how many kills were sent."""
-        sent = 0
         unified = self.dirs.get("unified")
         if unified and os.path.exists(os.path.join(unified, "cgroup.kill")):
             try:
                 _write(os.path.join(unified, "cgroup.kill"), "1")
             except OSError:
                 pass
-        for _ in range(KILL_ROUNDS):
-            members = self.pids()
-            if not members:
-                break
-            for pid in members:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    sent += 1
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
-        return sent
+        return sigkill_until_gone(self.pids, KILL_ROUNDS, 0.001)
 
     def events(self) -> dict[str, int]:
         """What the budgets stopped: ``oom_kills`` (memory) and ``pids_refused`` (fork/clone refused at pids.max)."""

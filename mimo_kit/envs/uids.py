@@ -138,18 +138,24 @@ def uid_pids(uid: int) -> list[int]:
     return pids
 
 
-def kill_uid(uid: int, rounds: int = 20) -> int:
-    """SIGKILL every process of ``uid`` (the fallback sweep where there is neither a PID namespace nor a cgroup)."""
-    killed = 0
+def sigkill_until_gone(pids, rounds: int, pause_s: float) -> int:
+    """SIGKILL every pid ``pids()`` lists, again and again until it lists none (a forking process may add more
+    between rounds) or ``rounds`` run out; returns how many signals were sent."""
+    sent = 0
     for _ in range(rounds):
-        pids = uid_pids(uid)
-        if not pids:
+        members = pids()
+        if not members:
             break
-        for pid in pids:
+        for pid in members:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                sent += 1
             except ProcessLookupError:
                 pass
-        time.sleep(0.005)
-    return killed
+        time.sleep(pause_s)
+    return sent
+
+
+def kill_uid(uid: int, rounds: int = 20) -> int:
+    """SIGKILL every process of ``uid`` (the fallback sweep where there is neither a PID namespace nor a cgroup)."""
+    return sigkill_until_gone(lambda: uid_pids(uid), rounds, 0.005)

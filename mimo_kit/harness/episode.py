@@ -145,12 +145,13 @@ class HarnessEpisode:
             self.view = view
             return Turn(error=error, new_context=self.render(view, replayed=True), action_text=text)
         self.view = view
-        blocks = "".join(self._block(m, False) + "<END>" for m in view[-n_new:]) if n_new else ""
-        ids: list[int] = []
-        for m in view[-n_new:]:
-            ids += self.tok.encode(self._block(m, False)) + [self.tok.end_id]
-        ids += self.tok.encode("\n" + header("assistant"))
-        return Turn(Segment("tool", ids, text=blocks + "\n" + header("assistant")), error=error, action_text=text)
+        ids, shown = [], ""
+        for m in view[-n_new:] if n_new else []:
+            block = self._block(m, False)
+            ids += self.tok.encode(block) + [self.tok.end_id]
+            shown += block + "<END>"
+        tail = "\n" + header("assistant")
+        return Turn(Segment("tool", ids + self.tok.encode(tail), text=shown + tail), error=error, action_text=text)
 
     def outcome(self) -> Outcome:
         """The environment's grade, called once after the episode ended (submit or a limit)."""

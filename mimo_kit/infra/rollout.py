@@ -96,6 +96,7 @@ class Rollout:
     finish: str = ""
     turns: int = 0
     pending: tuple[GenerationRequest, GenerationOutput] | None = None  # an aborted action, resumed next turn
+    pending_versions: list[int] = dataclasses.field(default_factory=list)  # its tokens' versions (cut 1+ times)
     outcome: Outcome | None = None
     infra_error: str | None = None  # what failed, when the environment ended the run
 
@@ -121,8 +122,8 @@ class Rollout:
     def oldest_version(self) -> int | None:
         """The oldest policy version among the generated tokens (aborted, pending ones included)."""
         versions = [v for c in self.contexts for s in c if s.policy_versions for v in s.policy_versions]
-        if self.pending is not None and self.pending[1].token_ids:
-            versions.append(self.pending[1].policy_version)
+        if self.pending is not None:
+            versions += self.pending_versions
         return min(versions) if versions else None
 
     def to_sequence(self) -> Trajectory:
@@ -167,18 +168,18 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
         ids, lps = list(out.token_ids), list(out.logprobs)
         versions = [out.policy_version] * len(ids)
         cands = list(out.candidates) if out.candidates is not None else None
-        if prev is not None:  # the aborted part was sampled by the older weights
+        if prev is not None:  # the aborted part was sampled by older weights (each cut keeps its own version)
             p = prev[1]
             ids, lps = list(p.token_ids) + ids, list(p.logprobs) + lps
-            versions = [p.policy_version] * len(p.token_ids) + versions
+            versions = r.pending_versions + versions
             if cands is not None:
                 cands = list(p.candidates or [[] for _ in p.token_ids]) + cands
         if out.finish_reason == "abort":
             base = prev[0] if prev is not None else req
-            r.pending = (base, dataclasses.replace(out, token_ids=ids, logprobs=lps,
-                                                   policy_version=versions[0] if versions else out.policy_version,
-                                                   candidates=cands))
+            r.pending = (base, dataclasses.replace(out, token_ids=ids, logprobs=lps, candidates=cands))
+            r.pending_versions = versions
             continue
+        r.pending_versions = []
         n_ctx = sum(len(s) for s in r.contexts[-1])
         routed = None
         if out.routed_experts is not None:
