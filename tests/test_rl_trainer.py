@@ -1,4 +1,4 @@
-"""The kit RL trainer on the toy world: learning over SFT, exact resume after SIGKILL, switches (Report §5)."""
+"""The kit RL trainer on the toy world (the repo world: tests/test_repo_world.py): learning over SFT, exact resume after SIGKILL, switches (Report §5)."""
 
 import json
 import os
@@ -23,7 +23,7 @@ SFT = SFTConfig(steps=150)
 def sft_file(tmp_path_factory):
     """One SFT warm start shared by the tests (the trainer loads ``sft.pt`` when its config matches)."""
     out = tmp_path_factory.mktemp("sft")
-    run_rl(RLConfig(out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT))
+    run_rl(RLConfig(world="toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT))
     return out / "sft.pt"
 
 
@@ -31,7 +31,7 @@ def tiny(out, sft_file, **kw):
     Path(out).mkdir(parents=True, exist_ok=True)
     if not (Path(out) / "sft.pt").exists():
         shutil.copy(sft_file, Path(out) / "sft.pt")
-    base = dict(out_dir=str(out), steps=4, prompts=4, group_size=4, eval_tasks=8, eval_samples=1, progress=False,
+    base = dict(world="toy", out_dir=str(out), steps=4, prompts=4, group_size=4, eval_tasks=8, eval_samples=1, progress=False,
                 checkpoint_every=2, sft=SFT)
     base.update(kw)
     return RLConfig(**base)
@@ -139,7 +139,7 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
     code = ("from mimo_kit.rl.trainer import RLConfig, run_rl; from mimo_kit.rl.sft import SFTConfig; import sys; "
-            f"run_rl(RLConfig(out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
+            f"run_rl(RLConfig(world='toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
             "sft=SFTConfig(steps=150)))")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
@@ -190,7 +190,7 @@ def test_every_rl_maths_constant_is_an_override_of_the_run(tmp_path, sft_file, c
     run = tmp_path / "cli"
     tiny(run, sft_file)
     assert main(["run", "rl", "--out", str(tmp_path / "res"), f"out_dir={run}", "gar.tier_decay=0.5",
-                 "advantage=gar", "steps=1", "prompts=2", "group_size=4", "eval_tasks=0", "progress=false",
+                 "world=toy", "advantage=gar", "steps=1", "prompts=2", "group_size=4", "eval_tasks=0", "progress=false",
                  "sft.steps=150"]) == 0
     assert json.loads((run / "summary.json").read_text())["config"]["gar"]["tier_decay"] == 0.5
     assert main(["run", "rl", "--out", str(tmp_path / "bad"), "gar.tier_decayy=0.5"]) == 2
@@ -216,7 +216,7 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     from mimo_kit.rl.trajectory import Context, Segment
 
     model, samples = _played(sft_file)
-    cfg = RLConfig(dynamic_sampling=False, sft=SFT)
+    cfg = RLConfig(world="toy", dynamic_sampling=False, sft=SFT)
     split = 0
     for smp in samples:
         for q in smp.sequences:

@@ -21,11 +21,13 @@ A task is a folder ``data/code_tasks/<id>/`` holding ``task.json`` (instruction,
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -283,7 +285,35 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
                      time.perf_counter() - t0)
 
 
-def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = None) -> CodeGrade:
+class GradeCache:
+    """Verdicts by (task, patch): a group's identical patches are graded once.
+
+    Sound because a task is admitted only when its tests give identical results over ``reruns`` runs
+    (:func:`validate_task`, Report §4.2 supervision stability), so the same patch on the same task gets the same
+    verdict; RL groups repeat patches often (every rollout that found the one-line fix). Thread-safe; counts hits.
+    """
+
+    def __init__(self) -> None:
+        self._d: dict[tuple[str, str], CodeGrade] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def grade(self, task: CodeTask, patch: str, cfg: CodeEnvConfig) -> CodeGrade:
+        key = (str(task.root), hashlib.sha256(patch.encode()).hexdigest())
+        with self._lock:
+            hit = self._d.get(key)
+            self.hits += hit is not None
+            self.misses += hit is None
+        if hit is not None:
+            return dataclasses.replace(hit, wall_s=0.0)
+        g = grade_patch(task, patch, cfg)
+        with self._lock:
+            self._d[key] = g
+        return g
+
+
+def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = None,
+          cache: GradeCache | None = None) -> CodeGrade:
     """Grade an agent's workspace: its diff against the base is what gets applied (never its files or .git).
     A file name that could inject diff headers fails the grade, naming the file."""
     t0 = time.perf_counter()
@@ -292,7 +322,7 @@ def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = Non
         diff = workspace_diff(task, workspace, cfg.max_patch_mb)
     except UnsafePatch as e:
         return _failed(task, "", f"workspace refused: {e}", t0)
-    return grade_patch(task, diff, cfg)
+    return cache.grade(task, diff, cfg) if cache is not None else grade_patch(task, diff, cfg)
 
 
 # ---- validation ---------------------------------------------------------------------------------------------------

@@ -55,8 +55,9 @@ class CodeEnv(BaseEnv):
     """A code task: the clean single-commit workspace; graded by the hardened grader, then audited."""
 
     def __init__(self, task: code_env.CodeTask, *, cleaned: bool = True, audit: bool = True,
-                 cfg: code_env.CodeEnvConfig | None = None):
+                 cfg: code_env.CodeEnvConfig | None = None, cache: code_env.GradeCache | None = None):
         self.cfg = cfg or code_env.CodeEnvConfig()
+        self.cache = cache
         super().__init__(self.cfg.sandbox, network=not cleaned)
         self.task, self.audit = task, audit
         code_env.make_workspace(task, self.workspace.root, cleaned=cleaned)
@@ -64,7 +65,7 @@ class CodeEnv(BaseEnv):
         self.instruction = task.instruction
 
     def grade(self) -> dict:
-        g = code_env.grade(self.task, self.workspace.root, self.cfg)
+        g = code_env.grade(self.task, self.workspace.root, self.cfg, self.cache)
         reward, flags = audited_reward(g.reward, self.workspace.commands, g.diff) if self.audit else (g.reward, [])
         return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
                 "hack_flags": [f.reason for f in flags], "test_output": g.test_output}

@@ -12,8 +12,8 @@ which is :meth:`mimo_kit.harness.episode.HarnessEpisode.act`, stepped by the rol
         observation = tool_registry.call(...)          # bad arguments / unknown tool → a recorded error
                                                        # the driver records Sample ⊃ Sequence ⊃ Context ⊃ Segment
 
-Every module is a field of :class:`HarnessConfig`; :data:`HARNESSES` holds 7 named configurations, 4 for training
-and 3 held out for evaluation (styled after codex, claude code and mini-swe-agent, as in Report §4.2).
+Every module is a field of :class:`HarnessConfig`; :data:`HARNESSES` holds 8 named configurations, 5 for training
+(``api-agent`` is the general domain's; the code tasks train on the other 4) and 3 held out for evaluation (styled after codex, claude code and mini-swe-agent, as in Report §4.2).
 Limits are explicit: steps, wall time, consecutive format errors.
 """
 
@@ -72,6 +72,8 @@ HARNESSES: dict[str, HarnessConfig] = {h.name: h for h in [
                   tools=("bash", "view", "str_replace", "submit"), keep_last=6, system_prompt=_P),
     HarnessConfig(name="xml-editor", split="train", action_format="xml", tools=("view", "str_replace", "submit"),
                   obs_max_chars=2000),
+    HarnessConfig(name="fenced-editor", split="train", action_format="fenced",
+                  tools=("bash", "view", "str_replace", "submit"), obs_max_chars=2000),
     HarnessConfig(name="api-agent", split="train", action_format="openai", tools=("submit",),
                   system_prompt="Use the tools to complete the user's request, then submit."),
     HarnessConfig(name="codex-like", split="eval", action_format="openai", tools=("bash", "submit"),

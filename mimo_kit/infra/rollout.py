@@ -78,11 +78,13 @@ class RolloutSettings:
     top_k: int = 0
     return_routed_experts: bool = False
     return_candidates: bool = False
+    act_workers: int = 1  # > 1: the episodes' actions run in threads (tools that wait on sandbox processes)
+    max_context: int = 0  # > 0: a rollout whose context + one action would exceed it ends ("length")
 
     def __post_init__(self) -> None:
-        if self.max_turns < 1 or self.max_action_tokens < 1:
+        if self.max_turns < 1 or self.max_action_tokens < 1 or self.act_workers < 1:
             raise ValueError(f"RolloutSettings: max_turns={self.max_turns}, max_action_tokens="
-                             f"{self.max_action_tokens}; expected both >= 1")
+                             f"{self.max_action_tokens}, act_workers={self.act_workers}; expected all >= 1")
 
 
 @dataclasses.dataclass
@@ -140,6 +142,17 @@ def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[
     return engine.generate(requests)
 
 
+def _act(acting: list[tuple], workers: int) -> list[Any]:
+    """Each episode's ``act`` on its action, in order, or in ``workers`` threads (episodes are independent)."""
+    call = lambda a: a[0].episode.act(a[1], a[6])  # noqa: E731
+    if workers > 1 and len(acting) > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(acting))) as pool:
+            return list(pool.map(call, acting))
+    return [call(a) for a in acting]
+
+
 def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings, *,
             on_step: Callable[[], None] | None = None) -> int:
     """One turn for every live rollout: one batched ``engine.generate``, each action handed to its episode.
@@ -149,6 +162,11 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
     environment failed. Returns the number of rollouts sent to the engine.
     """
     live = [r for r in rollouts if r.live]
+    if settings.max_context:  # the model cannot see past its context: the episode ends as at its turn limit
+        for r in live:
+            if r.pending is None and len(r.token_ids()) + settings.max_action_tokens > settings.max_context:
+                r.finish = "length"
+        live = [r for r in live if r.live]
     if not live:
         return 0
     reqs = []
@@ -162,6 +180,7 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
                                           return_routed_experts=settings.return_routed_experts,
                                           return_candidates=settings.return_candidates))
     outs = _generate(engine, reqs, on_step)
+    acting = []  # (rollout, ids, logprobs, versions, candidates, routed, finish reason)
     for r, req, out in zip(live, reqs, outs):
         prev = r.pending
         r.pending = None
@@ -189,7 +208,9 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
                 if seg.routed_experts is None:
                     seg.routed_experts = out.routed_experts[off:off + len(seg)]
                 off += len(seg)
-        turn = r.episode.act(ids, out.finish_reason)
+        acting.append((r, ids, lps, versions, cands, routed, out.finish_reason))
+    turns = _act(acting, settings.act_workers)
+    for (r, ids, lps, versions, cands, routed, _), turn in zip(acting, turns):
         if not isinstance(turn, Turn):
             raise TypeError(f"rollout {r.request_id}: episode.act returned {type(turn).__name__}, expected Turn")
         seg = Segment("assistant", ids, logprobs=lps, policy_versions=versions, routed_experts=routed,

@@ -25,6 +25,7 @@ import torch
 from mimo_kit.config.base import Config, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
+from mimo_kit.rl.multi_harness import SeedsConfig, run_seeds
 from mimo_kit.rl.toy.world import expert_dataset, make_tasks
 from mimo_kit.rl.trainer import RLConfig, run_rl, torch_threads
 
@@ -143,3 +144,10 @@ def partial_rollout(cfg: CompareConfig) -> dict:
     """Synchronous vs asynchronous partial rollouts with staleness 1 and 4: samples/s vs off-policy mismatch."""
     arms = {"sync": {"staleness": 0}, "staleness-1": {"staleness": 1}, "staleness-4": {"staleness": 4}}
     return _result(compare(cfg, arms, "partial_rollout"))
+
+
+# ---- the repo world over seeds: SFT → RL through the harness, the multi-harness table (Report §4.2) ------------------
+@experiment("rl-multi-harness", SeedsConfig, chapter="ch04a", publishes=_published("multi_harness"))
+def multi_harness(cfg: SeedsConfig) -> dict:
+    """SFT → RL in the repo world per seed; held-out pass@1 and Table 7's per-harness gain, mean ± sd over seeds."""
+    return run_seeds(cfg)

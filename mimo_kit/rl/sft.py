@@ -28,17 +28,18 @@ class PolicyConfig(Config):
     n_routed_experts: int = knob(8, "8 experts: load CV and cold share are readable", min=2)
     num_experts_per_tok: int = knob(2, "top-2 routing", min=1)
     sliding_window: int = knob(16, "an SWA layer sees the last 16 chars: about one turn", min=2)
+    max_positions: int = knob(1024, "a repo-world episode is ~200–400 BPE tokens; a toy one under 100 chars", min=64)
 
     PRESETS = {"tiny": {}, "small": {"hidden_size": 128, "num_hidden_layers": 4}}
 
-    def model_config(self) -> MiMoConfig:
+    def model_config(self, vocab_size: int | None = None) -> MiMoConfig:
         n = self.num_hidden_layers
-        return MiMoConfig.preset("tiny", vocab_size=TOKENIZER.vocab_size, hidden_size=self.hidden_size,
+        return MiMoConfig.preset("tiny", vocab_size=vocab_size or TOKENIZER.vocab_size, hidden_size=self.hidden_size,
                                  num_hidden_layers=n, global_layers=(0, n - 1), dense_layers=(0,),
                                  num_attention_heads=4, head_dim=16, v_head_dim=16,
                                  intermediate_size=2 * self.hidden_size, moe_intermediate_size=self.hidden_size // 2,
                                  n_routed_experts=self.n_routed_experts, num_experts_per_tok=self.num_experts_per_tok,
-                                 sliding_window=self.sliding_window, max_position_embeddings=512)
+                                 sliding_window=self.sliding_window, max_position_embeddings=self.max_positions)
 
 
 @dataclasses.dataclass
@@ -56,9 +57,10 @@ class SFTConfig(Config):
     PRESETS = {"tiny": {}, "small": {"steps": 1200}}
 
 
-def build_policy(cfg: PolicyConfig, seed: int) -> MiMoForCausalLM:
+def build_policy(cfg: PolicyConfig, seed: int, vocab_size: int | None = None) -> MiMoForCausalLM:
+    """The policy for a world with ``vocab_size`` tokens (default: the toy world's char vocabulary)."""
     torch.manual_seed(seed)
-    return MiMoForCausalLM(cfg.model_config())
+    return MiMoForCausalLM(cfg.model_config(vocab_size))
 
 
 def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,9 +74,12 @@ def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Ten
     return ids, mask
 
 
-def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False) -> list[float]:
-    """Train ``model`` in place on expert trajectories; returns the loss per step."""
-    data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
+def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False,
+                   data: list | None = None) -> list[float]:
+    """Train ``model`` in place on expert trajectories ``data`` ((ids, loss mask, info) per trace; default: the toy
+    world's expert); returns the loss per step."""
+    if data is None:
+        data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(seed)
     losses = []

@@ -1,9 +1,18 @@
-"""The kit RL trainer on the toy world: ``mimo-kit run rl`` (Report §4.1, §4.3, §5, §6).
+"""The kit RL trainer: ``mimo-kit run rl`` (Report §4.1, §4.3, §5, §6).
+
+It plays one of two worlds through the one rollout driver (:mod:`mimo_kit.infra.rollout`), both behind the same
+small interface (tasks, groups of episodes, rollout settings, SFT data, held-out groups, group grader, rubric):
+
+- ``world="repo"`` (the default): code tasks in four bug families, graded by hidden F2P / P2P tests in the
+  sandbox, which the policy fixes by acting through the mini-harness configurations
+  (:mod:`mimo_kit.rl.toy.repo`); held-out evaluation covers 7 harnesses, 3 of them never trained on;
+- ``world="toy"``: one-line programs checked in Python (:mod:`mimo_kit.rl.toy.world`), seconds per step, which
+  the chapter 5 ablations use.
 
 One step (Report §5's recipe at toy scale):
 
-1. draw tasks; the rollout driver (:mod:`mimo_kit.infra.rollout`) plays ``group_size`` episodes of each,
-   token-in/token-out, the policy version stamped at dispatch;
+1. draw tasks; the rollout driver plays ``group_size`` episodes of each, token-in/token-out, the policy version
+   stamped at dispatch; each step's groups are saved in the one trajectory schema (``trajectories/``);
 2. the penalty module (:mod:`mimo_kit.rl.penalty_module`) reads the errors the run recorded: environment failures
    drop the sequence, the model's own errors become error spans when ``segment_penalty`` is on;
 3. rewards and advantages in the kit's one order (:mod:`mimo_kit.rl.compose`): pass/fail or GRS, hacks, length
@@ -71,14 +80,18 @@ from mimo_kit.rl.losses import (
 from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
 from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
-from mimo_kit.rl.toy.world import episodes, grade_group, make_tasks, rollout_settings
-from mimo_kit.rl.trajectory import Sample, flatten
+from mimo_kit.rl.toy.repo import RepoWorld, RepoWorldConfig, harness_table
+from mimo_kit.rl.toy.world import ToyWorld
+from mimo_kit.rl.trajectory import Sample, flatten, save_jsonl
 
 
 @dataclasses.dataclass
 class RLConfig(Config):
-    """SFT warm start + RL on the toy world. Every switch of the RL recipe is a field; an unsupported one raises."""
+    """SFT warm start + RL in one world. Every switch of the RL recipe is a field; an unsupported one raises."""
 
+    world: str = knob("repo", "'repo': code tasks graded in the sandbox, acted on through the mini-harnesses; "
+                      "'toy': the one-line-program world (seconds per step, for the ablations)")
+    repo: RepoWorldConfig = knob(default_factory=RepoWorldConfig, why="the repo world's tasks, harnesses, expert")
     policy: PolicyConfig = knob(default_factory=PolicyConfig, why="the toy policy's shape")
     sft: SFTConfig = knob(default_factory=SFTConfig, why="the warm start")
     clip: ClipConfig = knob(default_factory=ClipConfig, why="PPO clip, entropy controller, TIS cap, grad clip")
@@ -129,10 +142,13 @@ class RLConfig(Config):
     out_dir: str = knob("runs/rl", "run folder: metrics.jsonl, checkpoint.pt, sft.pt, summary.json")
     threads: int = knob(1, "torch threads; a toy model on a shared 2-core machine runs fastest on one", min=1)
     progress: bool = knob(True, "tqdm bars")
+    save_trajectories: bool = knob(True, "write each step's groups to trajectories/stepNNNNN.jsonl (one schema)")
 
     PRESETS = {"tiny": {}, "small": {"steps": 150, "prompts": 32, "eval_tasks": 256}}
 
     def check(self) -> None:
+        if self.world not in ("repo", "toy"):
+            raise ConfigError(f"RLConfig.world={self.world!r}; expected 'repo' or 'toy'")
         if self.advantage not in ("grpo", "gar", "grs"):
             raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo', 'gar' or 'grs'")
         if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:
@@ -151,11 +167,15 @@ class RLConfig(Config):
         return RLMathConfig(advantage=self.grpo, gar=self.gar, length=self.length, segment=self.segment,
                             clip=self.clip, sampling=self.sampling, rules=self.rules, loss_agg=self.loss_agg)
 
-    def rollout_settings(self, *, training: bool = True) -> RolloutSettings:
+    def make_world(self) -> ToyWorld | RepoWorld:
+        """The world this run plays (the repo world trains or loads its cached tokenizer here)."""
+        return ToyWorld(self.max_turns) if self.world == "toy" else RepoWorld(self.repo)
+
+    def rollout_settings(self, world: Any, *, training: bool = True) -> RolloutSettings:
         """The driver's sampling settings: R3 and top-p candidates are recorded only when training uses them."""
-        return rollout_settings(self.temperature, self.max_turns, top_p=self.top_p,
-                                return_routed_experts=self.r3 and training,
-                                return_candidates=self.topp_replay and training)
+        settings = world.rollout_settings(self.temperature, self.top_p, self.r3 and training,
+                                          self.topp_replay and training)
+        return dataclasses.replace(settings, max_context=self.policy.max_positions)
 
 
 @contextlib.contextmanager
@@ -169,12 +189,6 @@ def torch_threads(n: int):
 
 
 # ---- advantages and the loss ----------------------------------------------------------------------------------
-def toy_rubric(seq) -> tuple[float, float]:
-    """GRS rubric scores of one episode (the kit's toy rubric): S_sol = 1/(1 + needless edits), S_beh = 1 if it
-    ran the tests after its last edit, else 0.5."""
-    return 1.0 / (1 + seq.metadata["needless_edits"]), 1.0 if seq.metadata.get("verified") else 0.5
-
-
 def generated_tokens(seq) -> int:
     """Tokens the policy generated in a sequence, over all its contexts (what the length penalty measures)."""
     return sum(len(seg) for c in seq.contexts for seg in c.segments if seg.trainable)
@@ -187,9 +201,11 @@ def penalty_module(cfg: RLConfig) -> PenaltyModule:
                           (InfrastructureErrorRule(cfg.rules.infra_markers), "monitor")])
 
 
-def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[float]], list[list[float]], list[dict]]:
+def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any = None
+                     ) -> tuple[list[list[float]], list[list[float]], list[dict]]:
     """Per sample: effective rewards and per-sequence advantages, composed in the kit's one order
     (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR)."""
+    world = world or ToyWorld(cfg.max_turns)
     rewards, advs, logs = [], [], []
     for s in samples:
         seqs = s.sequences
@@ -197,9 +213,9 @@ def group_advantages(samples: list[Sample], cfg: RLConfig) -> tuple[list[list[fl
         res = sequence_advantages(
             passed,
             rewards=None if cfg.advantage == "grs" else [float(q.reward) for q in seqs],
-            rubric=tuple(map(list, zip(*(toy_rubric(q) for q in seqs)))) if cfg.advantage == "grs" else None,
+            rubric=tuple(map(list, zip(*(world.rubric(q) for q in seqs)))) if cfg.advantage == "grs" else None,
             lengths=[max(1, generated_tokens(q)) for q in seqs] if cfg.length_penalty else None,
-            gar=cfg.advantage == "gar", verdict=grade_group(s) if cfg.advantage == "gar" else None,
+            gar=cfg.advantage == "gar", verdict=world.grade_group(s) if cfg.advantage == "gar" else None,
             ids=[q.sequence_id for q in seqs], math=cfg.math)
         rewards.append(res.rewards.tolist())
         advs.append(res.advantages.tolist())
@@ -244,12 +260,13 @@ def replay_indices(model: torch.nn.Module, batch) -> torch.Tensor:
 
 
 def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController,
-               prepared: tuple[list, list, list] | None = None) -> dict:
+               prepared: tuple[list, list, list] | None = None, world: Any = None) -> dict:
     """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics.
 
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
     """
-    group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg)
+    group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
+    pad_id = world.pad_id if world is not None else 0
     rewards = [r for rs in group_rewards for r in rs]
     gids = [g for g, s in enumerate(samples) for _ in s.sequences]
     keep = (dynamic_sampling(rewards, gids, tol=cfg.sampling.reward_tol) if cfg.dynamic_sampling else None)
@@ -262,7 +279,7 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
                    trained_tokens=0, mismatch_abs_dlogp=None, mismatch_k3=None, load_cv=None, load_max_mean=None,
                    load_cold_share=None)
         return out
-    batch = flatten([samples[g] for g in kept])
+    batch = flatten([samples[g] for g in kept], pad_id=pad_id)
     seq_adv = torch.tensor([a for g in kept for a in advs[g]])  # [sequences]
     adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
@@ -326,16 +343,29 @@ def rollout_metrics(samples: list[Sample]) -> dict:
             "format_errors": statistics.mean(q.metadata.get("format_errors", 0) for q in seqs)}
 
 
-def evaluate(engine: InProcessEngine, cfg: RLConfig, seed_offset: int = 0) -> dict:
-    """pass@1 (sampled at the training temperature) on the held-out tasks; the engine's RNG is saved and restored."""
+def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any = None, seed_offset: int = 0) -> dict:
+    """pass@1 (sampled at the training temperature) on the held-out tasks; the engine's RNG is saved and restored.
+
+    In the repo world every held-out task is played in every evaluation harness: ``pass_rate`` is over the training
+    harnesses, ``heldout_harness_pass`` over the held-out ones, ``harnesses`` the per-harness table."""
     if cfg.eval_tasks == 0:
         return {}
+    world = world or ToyWorld(cfg.max_turns)
     state = engine.rng_state()
     engine.generator.manual_seed(777 + seed_offset)
-    tasks = make_tasks(cfg.eval_tasks, seed=50_000 + cfg.seed, prefix="heldout")
-    groups = [episodes(t, cfg.eval_samples) for t in tasks]
-    m = rollout_metrics(rollout.play(engine, groups, cfg.rollout_settings(training=False)))
+    samples = rollout.play(engine, world.eval_groups(cfg.eval_tasks, cfg.seed, cfg.eval_samples),
+                           cfg.rollout_settings(world, training=False), grade_workers=world.grade_workers)
     engine.set_rng_state(state)
+    if world.name == "toy":
+        return rollout_metrics(samples)
+    train = [s for s in samples if s.metadata.get("harness") in cfg.repo.train_harnesses]
+    held = [s for s in samples if s.metadata.get("harness") not in cfg.repo.train_harnesses]
+    m = rollout_metrics(train)
+    m["heldout_harness_pass"] = rollout_metrics(held)["pass_rate"] if held else None
+    m["harnesses"] = harness_table(samples)
+    m["families"] = {f: statistics.mean(bool(q.passed) for s in samples for q in s.sequences
+                                        if q.metadata.get("family") == f)
+                     for f in sorted({q.metadata.get("family") for s in samples for q in s.sequences} - {None})}
     return m
 
 
@@ -353,7 +383,7 @@ class Collected:
     findings: int  # recorded model errors the penalty module saw
 
 
-def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict) -> Collected:
+def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any = None) -> Collected:
     """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
 
     The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
@@ -372,7 +402,7 @@ def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict) -> Collected:
         new, report = module.apply(roll(n))
         dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
         drawn += new
-        rew, adv, logs = group_advantages(new, cfg)
+        rew, adv, logs = group_advantages(new, cfg, world)
         keep = set(range(len(new)))
         if cfg.dynamic_sampling:
             gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
@@ -416,17 +446,23 @@ def sync_weights(engine: InProcessEngine, model, version: int, cfg: RLConfig) ->
         quantize_experts_(engine.model)
 
 
-def warm_start(cfg: RLConfig, out: Path):
+def warm_start(cfg: RLConfig, out: Path, world: Any = None):
     """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved."""
-    model = build_policy(cfg.policy, cfg.seed)
-    key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed}
+    world = world or ToyWorld(cfg.max_turns)
+    model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)
+    key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,
+           **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}
     path = out / "sft.pt"
     if path.exists():
         saved = torch.load(path, weights_only=False)
         if saved["key"] == key:
             model.load_state_dict(saved["model"])
             return model, saved["losses"]
-    losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress)
+    if world.name == "toy":
+        data = world.sft_data(cfg.sft.tasks, cfg.seed, cfg.sft.mix, cfg.sft.retry_prob)
+    else:
+        data = world.sft_data(cfg.repo.sft_traces, cfg.seed)
+    losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress, data=data)
     atomic_save({"key": key, "model": model.state_dict(), "losses": losses}, path)
     return model, losses
 
@@ -450,7 +486,8 @@ def run_rl(cfg: RLConfig) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
-        model, sft_losses = warm_start(cfg, out)
+        world = cfg.make_world()
+        model, sft_losses = warm_start(cfg, out, world)
         model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
@@ -458,7 +495,7 @@ def run_rl(cfg: RLConfig) -> dict:
         sync_weights(engine, model, 0, cfg)
         controller = EntropyClipController.from_config(cfg.clip)
         rng = random.Random(cfg.seed)
-        pool = make_tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
+        pool = world.tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
         buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
                   if cfg.staleness > 0 else None)
         state = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
@@ -480,30 +517,31 @@ def run_rl(cfg: RLConfig) -> dict:
             metrics_path.write_text("".join(line + "\n" for line in lines))
         else:
             metrics_path.write_text("")
-            sft_eval = evaluate(engine, cfg)
+            sft_eval = evaluate(engine, cfg, world)
         steps = range(start, cfg.steps)
         if cfg.progress:
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc=f"RL {cfg.advantage}", initial=start, total=cfg.steps, leave=False)
-        settings = cfg.rollout_settings()
+        settings = cfg.rollout_settings(world)
 
         def draw():  # one new group from the trainer's task stream (exact resume: rng is checkpointed)
-            return episodes(rng.choice(pool), cfg.group_size)
+            return world.episodes(rng.choice(pool), cfg.group_size)
 
         def roll(n: int) -> list[Sample]:
             if buffer is not None:
                 return [smp for k in range(0, n, buffer.in_flight)
                         for smp in buffer.collect(engine, min(buffer.in_flight, n - k), draw, settings)]
             tasks = rng.sample(pool, n) if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
-            return rollout.play(engine, [episodes(t, cfg.group_size) for t in tasks], settings)
+            return rollout.play(engine, [world.episodes(t, cfg.group_size) for t in tasks], settings,
+                                grade_workers=world.grade_workers)
 
         for step in steps:
             t0 = time.perf_counter()
-            got = collect(engine, cfg, roll, state)
+            got = collect(engine, cfg, roll, state, world)
             t1 = time.perf_counter()
             row = {"step": step + 1, **rollout_metrics(got.drawn), **version_lag(got.batch, engine.policy_version),
-                   **train_step(model, opt, got.batch, cfg, controller, got.prepared)}
+                   **train_step(model, opt, got.batch, cfg, controller, got.prepared, world)}
             row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
                        groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
                        recorded_errors=got.findings, entropy_target=controller.target)
@@ -512,6 +550,8 @@ def run_rl(cfg: RLConfig) -> dict:
             row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
                        expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
             sync_weights(engine, model, step + 1, cfg)
+            if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
+                save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
             with metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
@@ -519,7 +559,7 @@ def run_rl(cfg: RLConfig) -> dict:
                              "engine_rng": engine.rng_state(), "rng": rng.getstate(), "controller": controller,
                              "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
                              "buffer": buffer, "config": cfg.to_dict()}, ckpt)
-        final_eval = evaluate(engine, cfg)
+        final_eval = evaluate(engine, cfg, world)
     history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}

@@ -271,6 +271,7 @@ def save_jsonl(samples: list[Sample], path: str | Path) -> Path:
     """Write one sample per line (validated first, so a file the kit writes always loads)."""
     path = Path(path)
     lines = [json.dumps(s.validate().to_dict(), separators=(",", ":")) for s in samples]
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + ("\n" if lines else ""))
     return path
 

@@ -4,6 +4,9 @@
 :class:`~mimo_kit.rl.toy.world.ToyEpisode`, which speaks the rollout driver's Episode protocol
 (:mod:`mimo_kit.infra.rollout`). The RL maths (:mod:`mimo_kit.rl`) and the infrastructure (:mod:`mimo_kit.infra`)
 import nothing from here; the trainer and the experiments do.
+
+:mod:`mimo_kit.rl.toy.repo` is the second world: small repository tasks in several bug families, graded by hidden
+F2P / P2P tests in the sandbox, which a tiny policy fixes by acting through the mini-harness configurations.
 """
 
 from mimo_kit.rl.toy.world import (
@@ -13,6 +16,7 @@ from mimo_kit.rl.toy.world import (
     Task,
     ToyEpisode,
     ToyTokenizer,
+    ToyWorld,
     episodes,
     equivalent,
     expert_actions,
@@ -24,5 +28,5 @@ from mimo_kit.rl.toy.world import (
     run_program,
 )
 
-__all__ = ["CHARS", "OPS", "TOKENIZER", "Task", "ToyEpisode", "ToyTokenizer", "episodes", "equivalent",
+__all__ = ["CHARS", "OPS", "TOKENIZER", "Task", "ToyEpisode", "ToyTokenizer", "ToyWorld", "episodes", "equivalent",
            "expert_actions", "expert_dataset", "grade_group", "make_tasks", "play", "rollout_settings", "run_program"]

@@ -282,3 +282,43 @@ def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
                         rollouts=[Rollout(s.sequence_id, s.metadata["diff"], bool(s.passed),
                                           list(s.metadata["actions"])) for s in sample.sequences])
     return grader.grade(ws)
+
+
+# ---- the world as the trainer sees it ---------------------------------------------------------------------------
+class ToyWorld:
+    """The trainer's view of the toy world (the same small interface as :class:`mimo_kit.rl.toy.repo.RepoWorld`):
+    tasks, groups of episodes, rollout settings, SFT data, held-out groups, the group grader and the rubric."""
+
+    name = "toy"
+    vocab_size = TOKENIZER.vocab_size
+    pad_id = TOKENIZER.pad_id
+    grade_workers = 1
+
+    def __init__(self, max_turns: int = 8):
+        self.max_turns = max_turns
+
+    def tasks(self, n: int, seed: int, prefix: str) -> list[Task]:
+        return make_tasks(n, seed, prefix=prefix)
+
+    def episodes(self, task: Task, group_size: int) -> tuple[str, list[ToyEpisode]]:
+        return episodes(task, group_size)
+
+    def rollout_settings(self, temperature: float, top_p: float, routed: bool, candidates: bool) -> RolloutSettings:
+        return rollout_settings(temperature, self.max_turns, top_p=top_p, return_routed_experts=routed,
+                                return_candidates=candidates)
+
+    def sft_data(self, n: int, seed: int, mix: tuple[float, float, float] = (0.5, 0.25, 0.25),
+                 retry_prob: float = 0.3) -> list[tuple[list[int], list[bool], dict[str, Any]]]:
+        return expert_dataset(make_tasks(n, seed=10_000 + seed, prefix="sft"), seed, mix, retry_prob)
+
+    def eval_groups(self, n: int, seed: int, samples: int) -> list[tuple[str, list[ToyEpisode]]]:
+        return [episodes(t, samples) for t in make_tasks(n, seed=50_000 + seed, prefix="heldout")]
+
+    def grade_group(self, sample: Sample):
+        return grade_group(sample)
+
+    @staticmethod
+    def rubric(seq) -> tuple[float, float]:
+        """GRS rubric scores of one episode (the kit's toy rubric): S_sol = 1/(1 + needless edits), S_beh = 1 if it
+        ran the tests after its last edit, else 0.5."""
+        return 1.0 / (1 + seq.metadata["needless_edits"]), 1.0 if seq.metadata.get("verified") else 0.5

@@ -1,0 +1,103 @@
+"""The repo world: generated code tasks graded in the sandbox, the expert in every harness, the BPE, the trainer
+acting through the harness (Report §4.2, §5)."""
+
+import random
+
+import pytest
+
+from mimo_kit.config.base import ConfigError
+from mimo_kit.envs import code as code_env
+from mimo_kit.harness.episode import ByteTokenizer
+from mimo_kit.harness.loop import HARNESSES
+from mimo_kit.rl import load_jsonl
+from mimo_kit.rl.toy import repo
+from mimo_kit.rl.trajectory import save_jsonl
+
+ALL = repo.TRAIN_HARNESSES + repo.EVAL_HARNESSES
+
+
+def test_tasks_cover_every_family_and_the_bug_fails_its_test():
+    tasks = repo.make_repo_tasks(200, seed=3)
+    assert {t.family for t in tasks} == set(repo.FAMILIES)
+    for t in tasks:
+        fn = t.fn
+        # the instruction's failing call really differs between the buggy and the fixed function
+        a = t.failing_input()
+        assert fn.call(t.buggy_body, a) != fn.call(fn.body, a)
+        assert t.source(fixed=False).count(f"return {t.buggy_body}\n") == 1  # a unique line to edit
+        assert len({f.name for f in t.functions}) == 3
+    assert repo.make_repo_tasks(5, 9) == repo.make_repo_tasks(5, 9)  # deterministic in the seed
+
+
+@pytest.mark.parametrize("family", repo.FAMILIES)
+def test_generated_tasks_validate_in_the_sandbox(family, tmp_path):
+    """Report §4.2: F2P fail before the reference patch, all pass after, identical over reruns."""
+    [task] = repo.make_repo_tasks(1, seed=11, families=(family,))
+    ct = repo.code_task(task, str(tmp_path))
+    v = code_env.validate_task(ct, code_env.CodeEnvConfig(reruns=2))
+    assert v.ok, v.reasons
+    assert ct.f2p == [f"test_calc.py::test_{task.fn.name}"] and len(ct.p2p) == 2
+
+
+def test_the_expert_passes_clean_and_fails_wrong_in_every_harness(tmp_path):
+    tasks = repo.make_repo_tasks(len(ALL) * 2, seed=5)
+    clean = repo.expert_samples(tasks[:len(ALL)], ALL, 0, ByteTokenizer(), (1, 0, 0), grade=True,
+                                task_dir=str(tmp_path))
+    wrong = repo.expert_samples(tasks[len(ALL):], ALL, 0, ByteTokenizer(), (0, 0, 1), grade=True,
+                                task_dir=str(tmp_path))
+    for s in clean:
+        q = s.sequences[0]
+        assert q.passed and q.metadata["finish"] == "submitted", (s.prompt_id, q.metadata["grade"])
+        assert not any(seg.errors for c in q.contexts for seg in c.segments)
+    assert not any(s.sequences[0].passed for s in wrong)
+    assert {s.metadata["harness"] for s in clean} == set(ALL)
+    path = save_jsonl(clean, tmp_path / "expert.jsonl")  # the one schema: harness episodes load back
+    back = load_jsonl(path)
+    assert [s.to_dict() for s in back] == [s.to_dict() for s in clean]
+
+
+def test_tools_show_code_and_test_output_never_the_fix(tmp_path):
+    [task] = repo.make_repo_tasks(1, seed=2)
+    [s] = repo.expert_samples([task], ["mini-bash"], 0, ByteTokenizer(), (1, 0, 0), task_dir=str(tmp_path))
+    text = "".join(seg.text or "" for c in s.sequences[0].contexts for seg in c.segments if seg.role != "assistant")
+    assert f"return {task.buggy_body}" in text  # the code as it is
+    assert "expected" in text  # the failing test's message
+    # the fixed line appears nowhere the environment wrote (only in the expert's own action)
+    assert f"return {task.fn.body}\n" not in text.replace(f"return {task.buggy_body}", "")
+
+
+def test_bpe_round_trips_and_shortens_harness_text(tmp_path):
+    tasks = repo.make_repo_tasks(16, seed=4)
+    samples = repo.expert_samples(tasks, ALL, 1, ByteTokenizer(), task_dir=str(tmp_path))
+    texts = repo.sample_texts(samples)
+    tok = repo.train_bpe(texts, 400, tmp_path / "bpe.json")
+    rng = random.Random(0)
+    for t in rng.sample(texts, 20) + ["ünïcode ✓ \x00 tabs\t", ""]:
+        assert tok.decode(tok.encode(t)) == t
+    n_bytes = sum(len(t.encode()) for t in texts)
+    n_tok = sum(len(tok.encode(t)) for t in texts)
+    assert n_tok < n_bytes / 2
+    assert tok.encode("<|im_end|>") != [tok.end_id]  # text never produces the end-of-turn id
+
+
+def test_grade_cache_gives_the_same_verdict_once(tmp_path):
+    [task] = repo.make_repo_tasks(1, seed=8)
+    ct = repo.code_task(task, str(tmp_path))
+    cache = code_env.GradeCache()
+    ref = ct.root / "reference.patch"
+    good = cache.grade(ct, ref.read_text(), code_env.CodeEnvConfig())
+    again = cache.grade(ct, ref.read_text(), code_env.CodeEnvConfig())
+    bad = cache.grade(ct, "", code_env.CodeEnvConfig())
+    assert good.passed and again.passed and not bad.passed
+    assert (cache.hits, cache.misses) == (1, 2)
+    assert good.outcomes == again.outcomes
+
+
+def test_config_rejects_unknown_families_and_harnesses_that_cannot_edit():
+    with pytest.raises(ConfigError, match="families"):
+        repo.RepoWorldConfig(families=("typo",)).check()
+    with pytest.raises(ConfigError, match="api-agent"):
+        repo.RepoWorldConfig(train_harnesses=("api-agent",)).check()
+    with pytest.raises(ConfigError, match="nope"):
+        repo.RepoWorldConfig(eval_harnesses=("nope",)).check()
+    assert "fenced-editor" in HARNESSES and HARNESSES["fenced-editor"].split == "train"
