@@ -1,4 +1,5 @@
-"""The kit RL trainer on the toy world (the repo world: tests/test_repo_world.py): learning over SFT, exact resume after SIGKILL, switches (Report §5)."""
+"""The kit RL trainer on the toy world (the repo world: tests/test_repo_world.py): learning over SFT, exact
+resume after SIGKILL, switches (Report §5)."""
 
 import json
 import os
@@ -23,7 +24,7 @@ SFT = SFTConfig(steps=150)
 def sft_file(tmp_path_factory):
     """One SFT warm start shared by the tests (the trainer loads ``sft.pt`` when its config matches)."""
     out = tmp_path_factory.mktemp("sft")
-    run_rl(RLConfig(world="toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT))
+    run_rl(RLConfig.preset("toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT.to_dict()))
     return out / "sft.pt"
 
 
@@ -31,10 +32,10 @@ def tiny(out, sft_file, **kw):
     Path(out).mkdir(parents=True, exist_ok=True)
     if not (Path(out) / "sft.pt").exists():
         shutil.copy(sft_file, Path(out) / "sft.pt")
-    base = dict(world="toy", out_dir=str(out), steps=4, prompts=4, group_size=4, eval_tasks=8, eval_samples=1, progress=False,
+    base = dict(out_dir=str(out), steps=4, prompts=4, group_size=4, eval_tasks=8, eval_samples=1, progress=False,
                 checkpoint_every=2, sft=SFT)
     base.update(kw)
-    return RLConfig(**base)
+    return RLConfig.preset("toy", **{k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in base.items()})
 
 
 def test_config_errors_name_the_value():
@@ -139,9 +140,9 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
     code = ("from mimo_kit.rl.trainer import RLConfig, run_rl; from mimo_kit.rl.sft import SFTConfig; import sys; "
-            f"run_rl(RLConfig(world='toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
+            f"run_rl(RLConfig.preset('toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
-            "sft=SFTConfig(steps=150)))")
+            "sft=SFTConfig(steps=150).to_dict()))")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -189,9 +190,9 @@ def test_every_rl_maths_constant_is_an_override_of_the_run(tmp_path, sft_file, c
         RLConfig.preset("tiny").override(["gar.tier_decayy=0.5"])
     run = tmp_path / "cli"
     tiny(run, sft_file)
-    assert main(["run", "rl", "--out", str(tmp_path / "res"), f"out_dir={run}", "gar.tier_decay=0.5",
-                 "world=toy", "advantage=gar", "steps=1", "prompts=2", "group_size=4", "eval_tasks=0", "progress=false",
-                 "sft.steps=150"]) == 0
+    assert main(["run", "rl", "--preset", "toy", "--out", str(tmp_path / "res"), f"out_dir={run}",
+                 "gar.tier_decay=0.5", "advantage=gar", "steps=1", "prompts=2", "group_size=4", "eval_tasks=0",
+                 "progress=false", "sft.steps=150"]) == 0
     assert json.loads((run / "summary.json").read_text())["config"]["gar"]["tier_decay"] == 0.5
     assert main(["run", "rl", "--out", str(tmp_path / "bad"), "gar.tier_decayy=0.5"]) == 2
     assert "tier_decayy" in capsys.readouterr().err
@@ -216,7 +217,7 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     from mimo_kit.rl.trajectory import Context, Segment
 
     model, samples = _played(sft_file)
-    cfg = RLConfig(world="toy", dynamic_sampling=False, sft=SFT)
+    cfg = RLConfig.preset("toy", dynamic_sampling=False)
     split = 0
     for smp in samples:
         for q in smp.sequences:
