@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", help="run one experiment")
     r.add_argument("experiment")
-    r.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
+    r.add_argument("--preset", default="tiny", help=f"a scale knob ({', '.join(PRESET_NAMES)}) or a preset of the "
+                   "experiment's own config (`mimo-kit list`; e.g. rl --preset toy)")
     r.add_argument("--config", help="a YAML config file (instead of the preset)")
     r.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP)")
     r.add_argument("overrides", nargs="*", metavar="key=value")

@@ -13,7 +13,8 @@ which is :meth:`mimo_kit.harness.episode.HarnessEpisode.act`, stepped by the rol
                                                        # the driver records Sample ⊃ Sequence ⊃ Context ⊃ Segment
 
 Every module is a field of :class:`HarnessConfig`; :data:`HARNESSES` holds 8 named configurations, 5 for training
-(``api-agent`` is the general domain's; the code tasks train on the other 4) and 3 held out for evaluation (styled after codex, claude code and mini-swe-agent, as in Report §4.2).
+(``api-agent`` is the general domain's; code tasks train on the other 4) and 3 held out for evaluation (styled
+after codex, claude code and mini-swe-agent, as in Report §4.2).
 Limits are explicit: steps, wall time, consecutive format errors.
 """
 

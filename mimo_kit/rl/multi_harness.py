@@ -100,3 +100,26 @@ def table_markdown(res: dict[str, Any]) -> str:
         lines.append(f"| {r['harness']} | {r['split']} | {fmt(r['sft'])} | {fmt(r['rl'])} | {fmt(r['gain'])} | "
                      f"{r['seeds_gained']} |")
     return "\n".join(lines)
+
+
+def plot_table(res: dict[str, Any], ax: Any = None) -> Any:
+    """Grouped bars per harness: pass@1 after SFT and after RL, mean over seeds with ±sd error bars; held-out
+    harnesses shaded."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = res["table"]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.4))
+    x = np.arange(len(rows))
+    for off, key, label in ((-0.2, "sft", "SFT"), (0.2, "rl", "SFT + RL")):
+        ax.bar(x + off, [r[key]["mean"] for r in rows], 0.4, yerr=[r[key]["sd"] for r in rows], capsize=3,
+               label=label)
+    for i, r in enumerate(rows):
+        if r["split"] != "train":
+            ax.axvspan(i - 0.5, i + 0.5, color="0.9", zorder=0)
+    ax.set_xticks(x, [r["harness"] + ("\n(held out)" if r["split"] != "train" else "") for r in rows], fontsize=8)
+    ax.set_ylabel("pass@1 (held-out tasks)")
+    ax.set_title(f"multi-harness: mean ± sd over {len(res['seeds'])} seeds")
+    ax.legend(fontsize=8)
+    return ax

@@ -84,7 +84,6 @@ from mimo_kit.rl.toy.repo import RepoWorld, RepoWorldConfig, harness_table
 from mimo_kit.rl.toy.world import ToyWorld
 from mimo_kit.rl.trajectory import Sample, flatten, save_jsonl
 
-
 #: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
 #: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
 TOY_WORLD: dict[str, Any] = {"world": "toy", "policy": {"hidden_size": 64}, "sft": {"steps": 400}, "steps": 40,

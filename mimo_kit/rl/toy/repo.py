@@ -42,8 +42,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import random
 import shlex
+import shutil
 import threading
 import zlib
 from collections.abc import Sequence
@@ -259,10 +261,13 @@ _WRITE = threading.Lock()
 def code_task(task: RepoTask, task_dir: str = "") -> code_env.CodeTask:
     root = task_root(task, task_dir)
     with _WRITE:
-        if not (root / "task.json").exists():
-            tmp = root.with_name(root.name + ".tmp")
+        if not (root / "task.json").exists():  # written aside, then renamed: a reader never sees half a task
+            tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
             task.to_code_task(tmp)
-            tmp.replace(root)
+            try:
+                tmp.replace(root)
+            except OSError:  # another process wrote the same task first (same content: the name is its hash)
+                shutil.rmtree(tmp, ignore_errors=True)
     return code_env.load_task(root)
 
 
