@@ -128,3 +128,20 @@ def test_tiny_router_freeze_over_two_seeds(tmp_path):
     cv = [sum(r["loads"]["trainable"]["cv"]) / len(r["loads"]["trainable"]["cv"]) for r in probe["runs"]]
     assert probe["summary"]["trainable"]["cv"] == ex.spread(cv)
     assert probe["summary"]["sft"]["cv_L1"]["n"] == 2
+
+
+def test_verdict_says_how_far_a_claim_holds():
+    def verdict(a, b):
+        return ex.agreement(_result({"a": a, "b": b}), "x", "a", "b").verdict("a below b")
+
+    assert verdict([1.0, 1.0, 1.0], [2.0, 2.0, 2.0]).startswith("a below b: yes, on 3 of 3 seeds")
+    assert "on the seed means only, 2 of 3 seeds agree" in verdict([1.0, 1.0, 3.0], [2.0, 2.0, 2.5])
+    assert "not shown at this scale, 1 of 3 seeds agree" in verdict([1.0, 3.0, 3.0], [2.0, 2.0, 2.0])
+
+
+def test_means_and_ranges_feed_whisker_bars():
+    stats = {"a": ex.spread([1.0, 3.0]), "b": ex.spread([2.0])}
+    means, ranges = ex.means_and_ranges(stats)
+    assert means == {"a": 2.0, "b": 2.0} and ranges == {"a": (1.0, 3.0), "b": (2.0, 2.0)}
+    ax = viz.bars(means, ranges=ranges)
+    assert len(ax.containers) == 2  # the bars and their error bars

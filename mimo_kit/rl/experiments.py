@@ -36,6 +36,7 @@ tabulates mean ± sd (:func:`summary_rows`) and counts the seeds that agree with
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shutil
 import statistics
@@ -196,6 +197,18 @@ class Agreement:
         return (f"{self.key}: {self.lower} {self.mean_lower:.4g} vs {self.higher} {self.mean_higher:.4g} "
                 f"(seed means); {self.lower} lower on {self.agree} of {self.n} seeds")
 
+    def verdict(self, claim: str) -> str:
+        """``claim`` judged on the seed means and per seed, in words: shown on every seed, on the means only,
+        or not shown at this scale."""
+        counts = f"{self.agree} of {self.n} seeds"
+        means = f"seed means {self.lower} {self.mean_lower:.4g} vs {self.higher} {self.mean_higher:.4g}"
+        if self.holds and self.unanimous:
+            return f"{claim}: yes, on {counts} ({means})"
+        if self.holds:
+            return (f"{claim}: on the seed means only, {counts} agree ({means}): within the seed-to-seed spread at "
+                    "this scale")
+        return f"{claim}: not shown at this scale, {counts} agree ({means})"
+
 
 def agree_on(lower: dict[int, float], higher: dict[int, float], key: str, lower_name: str,
              higher_name: str) -> Agreement:
@@ -236,6 +249,19 @@ def summary_rows(res: dict, columns: dict[str, str], digits: int = 3) -> dict[st
         rows[arm] = {label: mean_sd(v["summary"][key], digits) for label, key in columns.items()}
         rows[arm]["seeds"] = len(v["runs"])
     return rows
+
+
+def means_and_ranges(stats: dict[str, dict]) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """``({name: mean}, {name: (min, max)})`` of named :func:`spread` s: a bar chart with whiskers over seeds."""
+    return ({k: v["mean"] for k, v in stats.items()}, {k: (v["min"], v["max"]) for k, v in stats.items()})
+
+
+def caption(res: dict) -> str:
+    """What a table of :func:`summary_rows` shows: the seeds and the late window."""
+    steps = len(next(iter(res["arms"].values()))["runs"][0]["history"])
+    late = max(1, steps - int(steps * (1 - res["late_frac"])))
+    return (f"mean ± sd over {len(res['seeds'])} seeds {tuple(res['seeds'])}; 'late' = mean of the last {late} "
+            f"of {steps} RL steps; held-out = {res['base']['eval_tasks']} tasks after RL (before: SFT)")
 
 
 def seed_series(res: dict, key: str) -> dict[str, list[list[float]]]:
@@ -300,6 +326,17 @@ def _published(name: str) -> tuple[Publication, ...]:
     return (Publication(f"rl/{name}_{{preset}}.json"),)
 
 
+def saved_or_run(name: str, cfg: CompareConfig, quick: bool) -> dict:
+    """Chapter 5a's source of a comparison: the published full run ``data/rl/<name>_tiny.json`` outside quick
+    mode when it exists, else a live run of ``cfg`` (quick mode: a miniature)."""
+    saved = RESULTS_DIR / f"{name}_tiny.json"
+    if not quick and saved.exists():
+        res = json.loads(saved.read_text())
+        print(f"loaded data/rl/{saved.name} (mimo-kit run rl-{name.replace('_', '-')}; seeds {res['seeds']})")
+        return res
+    return COMPARISONS[name](cfg)
+
+
 @experiment("rl-gar-ablation", CompareConfig, chapter="ch05a", publishes=_published("gar_ablation"))
 def gar_ablation(cfg: CompareConfig) -> dict:
     """Binary reward (GRPO) vs GAR with the rule-based group grader: pass rate, turns, tokens, needless edits."""
@@ -338,6 +375,12 @@ def probe_summary(runs: list[dict]) -> dict[str, dict[str, dict]]:
                 stats[f"{metric}_L{j + 1}"] = spread([r["loads"][policy][metric][j] for r in runs])
         out[policy] = stats
     return out
+
+
+def probe_rows(res: dict, digits: int = 3) -> dict[str, dict[str, str]]:
+    """Table rows of the router-freeze probe: per policy, each load metric's layer mean and layers, mean ± sd."""
+    return {policy: {k.replace("_L", " L"): mean_sd(v, digits) for k, v in stats.items()}
+            for policy, stats in res["probe"]["summary"].items()}
 
 
 def probe_layer_mean(res: dict, policy: str, metric: str = "cv") -> dict[int, float]:
@@ -379,3 +422,9 @@ def partial_rollout(cfg: CompareConfig) -> dict:
     """Synchronous vs asynchronous partial rollouts with staleness 1 and 4: samples/s vs off-policy mismatch."""
     arms = {"sync": {"staleness": 0}, "staleness-1": {"staleness": 1}, "staleness-4": {"staleness": 4}}
     return _result(compare(cfg, arms, "partial_rollout"))
+
+
+#: The comparisons chapter 5a shows, by the name of their result file.
+COMPARISONS: dict[str, Callable[[CompareConfig], dict]] = {
+    "gar_ablation": gar_ablation, "router_freeze": router_freeze, "aggregation": aggregation,
+    "partial_rollout": partial_rollout}
