@@ -78,6 +78,8 @@ def test_agreement_counts_seeds_and_compares_means():
     flipped = ex.agreement(res, "x", "b", "a")
     assert (flipped.agree, flipped.holds) == (1, False)
     assert ex.summary_rows(res, {"x": "x"})["b"] == {"x": "3 ± 1", "seeds": 3}
+    assert ex.mean_sd(ex.spread([60000, 62000])) == "61,000 ± 1,414"
+    assert ex.mean_sd(ex.spread([None])) == "n/a"
 
 
 def test_seed_band_minmax_and_sd():

@@ -235,9 +235,12 @@ def agreement(res: dict, key: str, lower: str | tuple[str, str], higher: str | t
 
 
 def mean_sd(stats: dict, digits: int = 3) -> str:
-    """``"0.984 ± 0.004"``: a :func:`spread` for a table (significant digits)."""
+    """``"0.984 ± 0.004"``: a :func:`spread` for a table (``digits`` significant digits; a mean of ``digits`` or
+    more integer digits as a whole number with thousands separators: ``"61,422 ± 1,363"``)."""
     if not stats["n"]:
         return "n/a"
+    if abs(stats["mean"]) >= 10 ** digits:
+        return f"{stats['mean']:,.0f} ± {stats['sd']:,.0f}"
     return f"{stats['mean']:.{digits}g} ± {stats['sd']:.2g}"
 
 
