@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -66,12 +67,79 @@ def curves(series: Mapping[str, Sequence[float] | tuple[Sequence[float], Sequenc
     return ax
 
 
+#: Opacity of the band :func:`band_curves` shades: the lines stay readable where the bands of several arms overlap.
+BAND_ALPHA = 0.2
+
+
+def _ffill(y: np.ndarray) -> np.ndarray:
+    """NaN steps carry the last finite value (leading NaNs take the first), so smoothing does not turn NaN for
+    good; an all-NaN series is returned as is."""
+    y = np.array(y, dtype=float)
+    finite = np.isfinite(y)
+    if not finite.any():
+        return y
+    idx = np.where(finite, np.arange(len(y)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = y[idx]
+    out[: np.argmax(finite)] = y[np.argmax(finite)]
+    return out
+
+
+def seed_band(runs: Sequence[Sequence[float]], *, smoothing: float = 0.0,
+              band: str = "minmax") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, low, high)`` per step over the seeds' series (each smoothed first when ``smoothing`` > 0;
+    truncated to the shortest). ``band``: ``"minmax"`` (the seeds' range) or ``"sd"`` (mean ± sample std)."""
+    if band not in ("minmax", "sd"):
+        raise ValueError(f"seed_band: band={band!r}; expected 'minmax' or 'sd'")
+    if not runs:
+        raise ValueError("seed_band: no series (expected one per seed)")
+    n = min(len(r) for r in runs)
+    rows = [np.asarray(r[:n], dtype=float) for r in runs]
+    if smoothing > 0:
+        rows = [smooth(_ffill(r), smoothing) for r in rows]
+    m = np.vstack(rows)
+    with warnings.catch_warnings():  # an all-NaN step stays NaN (nothing to draw there)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(m, axis=0)
+        if band == "minmax":
+            return mean, np.nanmin(m, axis=0), np.nanmax(m, axis=0)
+        sd = np.nanstd(m, axis=0, ddof=1) if len(rows) > 1 else np.zeros(n)
+    return mean, mean - sd, mean + sd
+
+
+def band_curves(series: Mapping[str, Sequence[Sequence[float]]], *, title: str = "", xlabel: str = "step",
+                ylabel: str = "", smoothing: float = 0.0, band: str = "minmax", ax=None):
+    """Per named variant, the mean over seeds as a line and the seeds' min–max (``band="sd"``: ± sample std) as a
+    shaded band; ``series[name]`` holds one per-step series per seed. The legend says the seed count and the band."""
+    ax = ax or plt.subplots()[1]
+    n_seeds = set()
+    for i, (name, runs) in enumerate(series.items()):
+        mean, lo, hi = seed_band(runs, smoothing=smoothing, band=band)
+        x = np.arange(1, len(mean) + 1)
+        color = PALETTE[i % len(PALETTE)]
+        ax.fill_between(x, lo, hi, color=color, alpha=BAND_ALPHA, lw=0)
+        ax.plot(x, mean, color=color, label=name, lw=1.8)
+        n_seeds.add(len(runs))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    what = "min–max" if band == "minmax" else "± sd"
+    n = n_seeds.pop() if len(n_seeds) == 1 else "/".join(str(k) for k in sorted(n_seeds))
+    ax.legend(title=f"mean of {n} seeds, band {what}", title_fontsize=8, fontsize=8)
+    return ax
+
+
 def bars(values: Mapping[str, float], *, title: str = "", ylabel: str = "", annotate: bool = True,
-         logy: bool = False, ax=None):
-    """A bar per named value, labelled with its value."""
+         logy: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None, ax=None):
+    """A bar per named value, labelled with its value; ``ranges[name] = (low, high)`` adds a whisker (e.g. the
+    min–max over seeds around their mean)."""
     ax = ax or plt.subplots()[1]
     names, vals = list(values), [float(v) for v in values.values()]
-    rects = ax.bar(names, vals, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))])
+    yerr = None
+    if ranges is not None:
+        yerr = np.array([[max(v - ranges[k][0], 0.0) for k, v in zip(names, vals)],
+                         [max(ranges[k][1] - v, 0.0) for k, v in zip(names, vals)]])
+    rects = ax.bar(names, vals, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))], yerr=yerr,
+                   capsize=4 if yerr is not None else 0, ecolor="#444444")
     if annotate:
         ax.bar_label(rects, labels=[f"{v:.3g}" for v in vals], fontsize=8)
     if logy:

@@ -290,7 +290,9 @@ class GradeCache:
 
     Sound because a task is admitted only when its tests give identical results over ``reruns`` runs
     (:func:`validate_task`, Report §4.2 supervision stability), so the same patch on the same task gets the same
-    verdict; RL groups repeat patches often (every rollout that found the one-line fix). Thread-safe; counts hits.
+    verdict; RL groups repeat patches often (every rollout that found the one-line fix). Only definite verdicts
+    are kept (every test passed, failed or skipped): a timeout or a crashed sandbox is graded again next time.
+    Thread-safe; counts hits.
     """
 
     def __init__(self) -> None:
@@ -307,8 +309,9 @@ class GradeCache:
         if hit is not None:
             return dataclasses.replace(hit, wall_s=0.0)
         g = grade_patch(task, patch, cfg)
-        with self._lock:
-            self._d[key] = g
+        if all(o in ("passed", "failed", "skipped") for o in g.outcomes.values()):  # a timeout or crash may not recur
+            with self._lock:
+                self._d[key] = g
         return g
 
 

@@ -10,27 +10,17 @@ as mean ± sd over seeds with how many seeds gained.
 from __future__ import annotations
 
 import dataclasses
-import math
-import statistics
 from pathlib import Path
 from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.rl.spread import spread
 from mimo_kit.rl.trainer import RLConfig, run_rl
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    """Mean, sample standard deviation (0 for one value), min, max and n of ``values``."""
-    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return {"mean": float("nan"), "sd": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
-    return {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "min": min(vals), "max": max(vals), "n": len(vals)}
-
-
 def fmt(s: dict[str, float], digits: int = 2) -> str:
-    """``mean ± sd`` of a :func:`spread`."""
-    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}"
+    """``mean ± sd`` of a :func:`~mimo_kit.rl.spread.spread` (``n/a`` when nothing was measured)."""
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}" if s["n"] else "n/a"
 
 
 @dataclasses.dataclass
