@@ -101,6 +101,12 @@ def test_config_rejects_unknown_families_and_harnesses_that_cannot_edit():
     with pytest.raises(ConfigError, match="nope"):
         repo.RepoWorldConfig(eval_harnesses=("nope",)).check()
     assert "fenced-editor" in HARNESSES and HARNESSES["fenced-editor"].split == "train"
+    from mimo_kit.rl.trainer import RLConfig
+
+    with pytest.raises(ConfigError, match="staleness"):
+        RLConfig(staleness=2)  # live sandboxed workspaces cannot be checkpointed
+    RLConfig(staleness=2, checkpoint_every=0)
+    RLConfig.preset("toy", staleness=2)
 
 
 def test_act_workers_give_the_same_rollouts_as_one_thread():
@@ -159,3 +165,22 @@ def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
             assert q.metadata["harness"] == s.metadata["harness"] and "grade" in q.metadata
             gen = [seg for c in q.contexts for seg in c.segments if seg.trainable]
             assert gen and all(seg.logprobs is not None and seg.policy_versions == [0] * len(seg) for seg in gen)
+
+
+def test_an_expired_group_releases_its_episodes_workspaces(tmp_path):
+    """Partial rollouts drop a stale group; its sandboxed workspaces are removed, not leaked."""
+    from mimo_kit.infra.partial import PartialRolloutBuffer
+    from mimo_kit.infra.rollout import Rollout
+    from mimo_kit.rl.trajectory import Segment
+
+    world = repo.RepoWorld(repo.RepoWorldConfig(task_dir=str(tmp_path)))
+    gid, eps = world.episodes(repo.make_repo_tasks(1, 0)[0], 2)
+    roots = [ep.env.workspace.root for ep in eps]
+    assert all(r.exists() for r in roots)
+    rollouts = [Rollout.start(ep, gid, i) for i, ep in enumerate(eps)]
+    for r in rollouts:  # one action sampled by policy version 0
+        r.contexts[-1].append(Segment("assistant", [5, 6], logprobs=[0.0, 0.0], policy_versions=[0, 0]))
+    buf = PartialRolloutBuffer(group_size=2, staleness=1, in_flight=2)
+    buf.groups = [(gid, rollouts)]
+    assert buf.expire(version=3) == 1 and not buf.groups
+    assert not any(r.exists() for r in roots)

@@ -54,6 +54,9 @@ class PartialRolloutBuffer:
             oldest = min((v for r in rollouts if (v := r.oldest_version()) is not None), default=None)
             if oldest is not None and version - oldest > self.staleness:
                 n += 1
+                for r in rollouts:  # an episode holding resources (a sandboxed workspace) releases them
+                    if r.outcome is None and hasattr(r.episode, "close"):
+                        r.episode.close()
             else:
                 keep.append((gid, rollouts))
         self.groups = keep

@@ -159,6 +159,10 @@ class RLConfig(Config):
     def check(self) -> None:
         if self.world not in ("repo", "toy"):
             raise ConfigError(f"RLConfig.world={self.world!r}; expected 'repo' or 'toy'")
+        if self.world == "repo" and self.staleness > 0 and self.checkpoint_every > 0:
+            raise ConfigError("RLConfig.staleness > 0 with world='repo' and checkpoint_every > 0: groups in flight "
+                              "hold live sandboxed workspaces, which a checkpoint cannot carry; set "
+                              "checkpoint_every=0 (no resume) or use world='toy' for resumable partial rollouts")
         if self.advantage not in ("grpo", "gar", "grs"):
             raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo', 'gar' or 'grs'")
         if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:

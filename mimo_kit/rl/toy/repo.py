@@ -54,12 +54,12 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.envs import code as code_env
-from mimo_kit.harness.episode import ByteTokenizer, HarnessEpisode, PolicyEngine, harness_settings
+from mimo_kit.harness.episode import ByteTokenizer, HarnessEpisode, PolicyEngine
 from mimo_kit.harness.formats import render_call
 from mimo_kit.harness.loop import HARNESSES, HarnessConfig, get_harness
 from mimo_kit.infra import rollout
 from mimo_kit.infra.rollout import Outcome, RolloutSettings
-from mimo_kit.rl.trajectory import Sample, Segment
+from mimo_kit.rl.trajectory import Sample
 
 PACKAGE = "calc"
 FILE = f"{PACKAGE}/__init__.py"
@@ -287,15 +287,15 @@ class RepoEpisode(HarnessEpisode):
         try:
             o = super().outcome()
         finally:
-            self.env.close()
+            self.close()
         o.metadata.update(family=self.task.family, format_errors=self.format_errors)
         return o
 
-
-def close_unfinished(samples_or_episodes: Sequence[Any]) -> None:
-    for ep in samples_or_episodes:
-        if isinstance(ep, RepoEpisode):
-            ep.env.close()
+    def close(self) -> None:
+        """Remove the workspace and release its uid (once; an expired partial rollout is closed ungraded)."""
+        if not getattr(self, "_closed", False):
+            self._closed = True
+            self.env.close()
 
 
 # ---- the scripted expert ------------------------------------------------------------------------------------------
@@ -356,11 +356,11 @@ def expert_samples(tasks: Sequence[RepoTask], harnesses: Sequence[str], seed: in
         gid = f"expert-{t.task_id}-{h.name}"
         groups.append((gid, [ep]))
         engine_map[f"{gid}/0"] = (_Replay(replies), ep)
-    settings = harness_settings(get_harness(harnesses[0]), tokenizer, max_action_tokens=10**9)
+    settings = RolloutSettings(max_turns=16, max_action_tokens=10**9, stop_token_ids=(tokenizer.end_id,),
+                               act_workers=workers)  # the expert's replies are whole; its episodes end at submit
     started = rollout.start_groups(groups)
     flat = [r for _, rs in started for r in rs]
     engine = PolicyEngine(engine_map)
-    settings = dataclasses.replace(settings, max_turns=16, act_workers=workers)
     try:
         while rollout.advance(engine, flat, settings):
             pass
@@ -368,8 +368,7 @@ def expert_samples(tasks: Sequence[RepoTask], harnesses: Sequence[str], seed: in
             rollout.grade(flat, workers)
     finally:
         for r in flat:
-            if r.outcome is None:
-                r.episode.env.close()
+            r.episode.close()
     samples = [rollout.group_sample(gid, rs) for gid, rs in started]
     for s, (_, [ep]) in zip(samples, groups):
         s.metadata["style"] = ep.group_metadata["style"]
@@ -489,7 +488,7 @@ class RepoWorld:
         for s in samples:
             b = flatten([s], pad_id=self.pad_id)
             for row in range(b.input_ids.shape[0]):
-                n_tok = int(b.attention_mask[row].sum()) if hasattr(b, "attention_mask") else b.input_ids.shape[1]
+                n_tok = int(b.attention_mask[row].sum())
                 out.append((b.input_ids[row, :n_tok].tolist(), b.loss_mask[row, :n_tok].tolist(),
                             {"style": s.metadata["style"]}))
         return out
@@ -533,7 +532,3 @@ def harness_table(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
         rows.setdefault(h, []).extend(s.sequences)
     return {h: {"pass@1": sum(bool(q.passed) for q in qs) / len(qs), "n": len(qs),
                 "turns": sum(q.metadata.get("turns", 0) for q in qs) / len(qs)} for h, qs in sorted(rows.items())}
-
-
-def segments_text(segments: Sequence[Segment]) -> str:
-    return "".join(s.text or "" for s in segments)
