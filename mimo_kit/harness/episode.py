@@ -87,6 +87,7 @@ class HarnessEpisode:
         return segs
 
     def prompt(self) -> list[Segment]:
+        self.t0 = time.monotonic()  # the wall clock runs from the start of play, not from construction
         return self.render(self.view)
 
     # ---- one action ---------------------------------------------------------------------------------------------

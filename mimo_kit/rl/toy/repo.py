@@ -86,6 +86,9 @@ class RepoWorldConfig(Config):
     max_action_tokens: int = knob(96, "the longest expert action is ~60 BPE tokens; room for a longer attempt",
                                   min=8)
     max_steps: int = knob(6, "the expert needs 3–4 actions; 6 leaves room for one mistake", min=1)
+    max_wall_s: float = knob(3600.0, "a batched rollout's wall clock counts the whole batch, so a tight limit would "
+                             "make results depend on machine load; steps and per-command timeouts bound an episode",
+                             min=1.0)
     tool_workers: int = knob(2, "threads for tool calls and grading: they wait on sandbox processes", min=1)
     task_dir: str = knob("", "where task folders are written; empty = a cache folder keyed by the task")
 
@@ -467,7 +470,7 @@ class RepoWorld:
         if harness is None:
             harness = self.cfg.train_harnesses[zlib.crc32(task.task_id.encode()) % len(self.cfg.train_harnesses)]
         h = get_harness(harness)
-        h = dataclasses.replace(h, max_steps=min(h.max_steps, self.cfg.max_steps))
+        h = dataclasses.replace(h, max_steps=min(h.max_steps, self.cfg.max_steps), max_wall_s=self.cfg.max_wall_s)
         return f"{task.task_id}@{harness}", [RepoEpisode(task, h, self.tokenizer, self.cfg.task_dir, self.grades)
                                              for _ in range(group_size)]
 
