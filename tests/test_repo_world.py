@@ -184,3 +184,26 @@ def test_an_expired_group_releases_its_episodes_workspaces(tmp_path):
     buf.groups = [(gid, rollouts)]
     assert buf.expire(version=3) == 1 and not buf.groups
     assert not any(r.exists() for r in roots)
+
+
+def test_rubric_and_group_grader_read_the_graded_episode(tmp_path):
+    """GRS and GAR in the repo world: a checked fix scores S_beh = 1, an unchecked one 0.5; both minimal fixes
+    score S_sol = 1; the group grader ranks the passing patches and leaves the failing one out."""
+    from mimo_kit.rl.trajectory import Sample
+
+    [task] = repo.make_repo_tasks(1, seed=21)
+    [clean] = repo.expert_samples([task], ["mini-bash"], 0, ByteTokenizer(), (1, 0, 0), grade=True,
+                                  task_dir=str(tmp_path))
+    [check] = repo.expert_samples([task], ["mini-bash"], 0, ByteTokenizer(), (0, 1, 0), grade=True,
+                                  task_dir=str(tmp_path))
+    [wrong] = repo.expert_samples([task], ["mini-bash"], 0, ByteTokenizer(), (0, 0, 1), grade=True,
+                                  task_dir=str(tmp_path))
+    qc, qk, qw = clean.sequences[0], check.sequences[0], wrong.sequences[0]
+    assert qc.passed and qk.passed and not qw.passed
+    assert repo.RepoWorld.rubric(qc) == (1.0, 0.5) and repo.RepoWorld.rubric(qk) == (1.0, 1.0)
+    for i, q in enumerate((qc, qk, qw)):
+        q.sequence_id = f"s{i}"
+    group = Sample("g", [qc, qk, qw], metadata=dict(clean.metadata))
+    world = object.__new__(repo.RepoWorld)  # the grader needs no tokenizer
+    verdict = world.grade_group(group)
+    assert {rid for tier in verdict.ranking for rid in tier} == {"s0", "s1"}  # only passes are ranked

@@ -88,8 +88,8 @@ def test_toy_rubric_and_rewards():
     sample = group_sample(t.task_id, slots)
     rewards = lambda cfg: group_advantages([sample], cfg)[0][0]  # noqa: E731
     # products of 1, 1/2 and 1/4: exact in fp32
-    assert rewards(RLConfig(advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
-    assert rewards(RLConfig(advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
+    assert rewards(RLConfig.preset("toy", advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
+    assert rewards(RLConfig.preset("toy", advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_muown_optimizer_trains_and_keeps_the_router(tmp_path, sft_file):

@@ -49,7 +49,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
 from mimo_kit.rl.multi_harness import SeedsConfig, run_seeds
-from mimo_kit.rl.spread import spread
+from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.toy.world import expert_dataset, make_tasks
 from mimo_kit.rl.trainer import TOY_WORLD, RLConfig, run_rl, torch_threads
 
@@ -222,16 +222,6 @@ def agreement(res: dict, key: str, lower: str | tuple[str, str], higher: str | t
 
     (lo, lo_name), (hi, hi_name) = side(lower), side(higher)
     return agree_on(lo, hi, key, lo_name, hi_name)
-
-
-def mean_sd(stats: dict, digits: int = 3) -> str:
-    """``"0.984 ± 0.004"``: a :func:`spread` for a table (``digits`` significant digits; a mean of ``digits`` or
-    more integer digits as a whole number with thousands separators: ``"61,422 ± 1,363"``)."""
-    if not stats["n"]:
-        return "n/a"
-    if abs(stats["mean"]) >= 10 ** digits:
-        return f"{stats['mean']:,.0f} ± {stats['sd']:,.0f}"
-    return f"{stats['mean']:.{digits}g} ± {stats['sd']:.2g}"
 
 
 def summary_rows(res: dict, columns: dict[str, str], digits: int = 3) -> dict[str, dict[str, str | int]]:

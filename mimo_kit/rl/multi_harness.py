@@ -14,13 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.rl.spread import spread
+from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.trainer import RLConfig, run_rl
-
-
-def fmt(s: dict[str, float], digits: int = 2) -> str:
-    """``mean ± sd`` of a :func:`~mimo_kit.rl.spread.spread` (``n/a`` when nothing was measured)."""
-    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f}" if s["n"] else "n/a"
 
 
 @dataclasses.dataclass
@@ -87,8 +82,8 @@ def table_markdown(res: dict[str, Any]) -> str:
     lines = [f"| harness | split | pass@1 SFT | pass@1 SFT+RL | RL gain | seeds gained (of {n}) |",
              "|---|---|---|---|---|---|"]
     for r in res["table"]:
-        lines.append(f"| {r['harness']} | {r['split']} | {fmt(r['sft'])} | {fmt(r['rl'])} | {fmt(r['gain'])} | "
-                     f"{r['seeds_gained']} |")
+        cells = [r["harness"], r["split"], *(mean_sd(r[k]) for k in ("sft", "rl", "gain")), str(r["seeds_gained"])]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

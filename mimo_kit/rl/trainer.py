@@ -219,7 +219,7 @@ def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any = None
                      ) -> tuple[list[list[float]], list[list[float]], list[dict]]:
     """Per sample: effective rewards and per-sequence advantages, composed in the kit's one order
     (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR)."""
-    world = world or ToyWorld(cfg.max_turns)
+    world = world or cfg.make_world()
     rewards, advs, logs = [], [], []
     for s in samples:
         seqs = s.sequences
@@ -279,8 +279,8 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
 
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
     """
+    world = world or cfg.make_world()
     group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
-    pad_id = world.pad_id if world is not None else 0
     rewards = [r for rs in group_rewards for r in rs]
     gids = [g for g, s in enumerate(samples) for _ in s.sequences]
     keep = (dynamic_sampling(rewards, gids, tol=cfg.sampling.reward_tol) if cfg.dynamic_sampling else None)
@@ -293,7 +293,7 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
                    trained_tokens=0, mismatch_abs_dlogp=None, mismatch_k3=None, load_cv=None, load_max_mean=None,
                    load_cold_share=None)
         return out
-    batch = flatten([samples[g] for g in kept], pad_id=pad_id)
+    batch = flatten([samples[g] for g in kept], pad_id=world.pad_id)
     seq_adv = torch.tensor([a for g in kept for a in advs[g]])  # [sequences]
     adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
@@ -364,7 +364,7 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any = None, seed_off
     harnesses, ``heldout_harness_pass`` over the held-out ones, ``harnesses`` the per-harness table."""
     if cfg.eval_tasks == 0:
         return {}
-    world = world or ToyWorld(cfg.max_turns)
+    world = world or cfg.make_world()
     state = engine.rng_state()
     engine.generator.manual_seed(777 + seed_offset)
     samples = rollout.play(engine, world.eval_groups(cfg.eval_tasks, cfg.seed, cfg.eval_samples),
@@ -462,7 +462,7 @@ def sync_weights(engine: InProcessEngine, model, version: int, cfg: RLConfig) ->
 
 def warm_start(cfg: RLConfig, out: Path, world: Any = None):
     """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved."""
-    world = world or ToyWorld(cfg.max_turns)
+    world = world or cfg.make_world()
     model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)
     key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,
            **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}

@@ -56,7 +56,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.envs import code as code_env
 from mimo_kit.harness.episode import ByteTokenizer, HarnessEpisode, PolicyEngine
 from mimo_kit.harness.formats import render_call
-from mimo_kit.harness.loop import HARNESSES, HarnessConfig, get_harness
+from mimo_kit.harness.loop import HARNESSES, HarnessConfig, ScriptedPolicy, get_harness
 from mimo_kit.infra import rollout
 from mimo_kit.infra.rollout import Outcome, RolloutSettings
 from mimo_kit.rl.trajectory import Sample
@@ -285,6 +285,7 @@ class RepoEpisode(HarnessEpisode):
         super().__init__(CodeEnv(code_task(task, task_dir), cache=cache), harness, tokenizer, domain="code")
         self.task = task
         self.group_metadata = {**self.group_metadata, "family": task.family, "task": task.task_id}
+        self._closed = False
 
     def outcome(self) -> Outcome:
         try:
@@ -296,7 +297,7 @@ class RepoEpisode(HarnessEpisode):
 
     def close(self) -> None:
         """Remove the workspace and release its uid (once; an expired partial rollout is closed ungraded)."""
-        if not getattr(self, "_closed", False):
+        if not self._closed:
             self._closed = True
             self.env.close()
 
@@ -358,7 +359,7 @@ def expert_samples(tasks: Sequence[RepoTask], harnesses: Sequence[str], seed: in
         ep.group_metadata["style"] = style
         gid = f"expert-{t.task_id}-{h.name}"
         groups.append((gid, [ep]))
-        engine_map[f"{gid}/0"] = (_Replay(replies), ep)
+        engine_map[f"{gid}/0"] = (ScriptedPolicy(replies), ep)
     settings = RolloutSettings(max_turns=16, max_action_tokens=10**9, stop_token_ids=(tokenizer.end_id,),
                                act_workers=workers)  # the expert's replies are whole; its episodes end at submit
     started = rollout.start_groups(groups)
@@ -372,20 +373,7 @@ def expert_samples(tasks: Sequence[RepoTask], harnesses: Sequence[str], seed: in
     finally:
         for r in flat:
             r.episode.close()
-    samples = [rollout.group_sample(gid, rs) for gid, rs in started]
-    for s, (_, [ep]) in zip(samples, groups):
-        s.metadata["style"] = ep.group_metadata["style"]
-    return samples
-
-
-class _Replay:
-    def __init__(self, replies: list[str]):
-        self.replies, self.i = replies, 0
-
-    def __call__(self, messages: list[dict]) -> str:
-        r = self.replies[min(self.i, len(self.replies) - 1)]
-        self.i += 1
-        return r
+    return [rollout.group_sample(gid, rs) for gid, rs in started]  # group metadata carries the style
 
 
 # ---- the tokenizer ----------------------------------------------------------------------------------------------
