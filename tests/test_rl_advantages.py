@@ -376,3 +376,10 @@ def test_gar_practical_mode_caps_and_recentres():
 def test_verdict_errors_are_value_errors_naming_the_problem():
     with pytest.raises(VerdictError, match=r"misses passing trajectories \['c'\]"):
         quality_factors([["a"], ["b"]], ["a", "b", "c"], [True, True, True])
+
+
+def test_an_all_equal_group_gets_exactly_zero():
+    """Found by hypothesis: three equal rewards in float32 left a mean-rounding residual that std + ε amplified."""
+    for scale in (True, False):
+        a = grpo_advantages([1.5072486775075769] * 3, scale_std=scale)
+        assert torch.equal(a, torch.zeros(3))

@@ -53,7 +53,8 @@ def grpo_advantages(rewards: torch.Tensor | Sequence[float], scale_std: bool = A
         raise ValueError(f"grpo_advantages: rewards must be [G] or [groups, G] with G >= 1, got {tuple(r.shape)}")
     if not torch.isfinite(r).all():
         raise ValueError(f"grpo_advantages: rewards must be finite, got {r.tolist()}")
-    centred = r - r.mean(-1, keepdim=True)
+    same = (r == r[..., :1]).all(-1, keepdim=True)  # an all-equal group: exactly 0, not the mean's rounding
+    centred = (r - r.mean(-1, keepdim=True)).masked_fill(same, 0.0)
     if not scale_std:
         return centred
     g = r.shape[-1]
