@@ -2,6 +2,7 @@
 
     mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
     mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/
+    mimo-kit launch rl --nnodes 2 --nproc-per-node 8 --dry-run   # torchrun / sbatch / Ray job of one YAML
     mimo-kit results                                 # publish the newest runs into the committed data/ files
     mimo-kit list                                    # registered experiments
     mimo-kit presets                                 # the scale knobs
@@ -33,21 +34,38 @@ def _jsonable(obj):
     return repr(obj)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace):
     from mimo_kit import experiments
 
     exp = experiments.get(args.experiment)
     cfg = exp.config_cls.from_yaml(args.config) if args.config else exp.config_cls.preset(args.preset)
-    cfg = cfg.override(args.overrides)
+    return exp, cfg.override(args.overrides)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mimo_kit.infra.dist import world_from_env
+    from mimo_kit.launch import DISTRIBUTED
+
+    exp, cfg = _config(args)
+    rank, world, _ = world_from_env()
+    if world > 1 and exp.name not in DISTRIBUTED:
+        raise ConfigError(f"experiment {exp.name!r} runs in one process, but torchrun started {world}; the "
+                          f"experiments that train sharded over processes are {', '.join(DISTRIBUTED)}")
+    if world > 1 and not args.out:
+        raise ConfigError(f"{world} processes need one run folder: pass --out (mimo-kit launch does)")
+    main = rank == 0  # under torchrun only rank 0 writes the run folder and prints
     out = Path(args.out or f"runs/{exp.name}/{time.strftime('%Y%m%d-%H%M%S')}")
-    out.mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(out / "config.yaml")
     meta = {"experiment": exp.name, "preset": None if args.config else args.preset,
-            "config": args.config, "overrides": list(args.overrides),
+            "config": args.config, "overrides": list(args.overrides), "world_size": world,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "finished": None}
-    (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
-    print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        cfg.to_yaml(out / "config.yaml")
+        (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
     result = exp(cfg)
+    if not main:
+        return 0
     text = json.dumps(_jsonable(result), indent=2)
     (out / "result.json").write_text(text + "\n")
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -56,6 +74,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"result → {out / 'result.json'}")
     if exp.publishes:
         print(f"publish it to data/ with: mimo-kit results {exp.name}")
+    return 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from mimo_kit.launch import launch, prepare
+
+    exp, cfg = _config(args)
+    if args.dry_run:
+        prep = prepare(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out)
+        print(prep.show())
+        return 0
+    done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out,
+                  timeout=args.timeout)
+    print(f"result → {Path(done['folder']) / 'result.json'}")
     return 0
 
 
@@ -137,6 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", metavar="key=value")
     r.set_defaults(fn=cmd_run)
 
+    la = sub.add_parser("launch", help="one run as torchrun / sbatch / Ray job from one YAML; runs it here "
+                        "unless --dry-run")
+    la.add_argument("experiment")
+    la.add_argument("--nnodes", type=int, default=1, help="nodes (here: torchrun agents on 127.0.0.1)")
+    la.add_argument("--nproc-per-node", type=int, default=1, help="processes per node (GPUs per node)")
+    la.add_argument("--dry-run", action="store_true", help="write the YAML and print the commands, run nothing")
+    la.add_argument("--preset", default="tiny", help="a scale knob or a preset of the experiment's own config")
+    la.add_argument("--config", help="a YAML config file (instead of the preset)")
+    la.add_argument("--out", help="run folder (default runs/EXPERIMENT/launch-TIMESTAMP)")
+    la.add_argument("--timeout", type=float, default=None, help="seconds before a local run is killed")
+    la.add_argument("overrides", nargs="*", metavar="key=value")
+    la.set_defaults(fn=cmd_launch)
+
     sub.add_parser("list", help="registered experiments").set_defaults(fn=cmd_list)
 
     res = sub.add_parser("results", help="publish the newest finished runs into the committed data/ files")
@@ -168,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # key=value overrides may come before or after the options of `run`
-    if extra and (args.command != "run" or any(e.startswith("-") for e in extra)):
+    if extra and (args.command not in ("run", "launch") or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]

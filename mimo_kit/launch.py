@@ -1,16 +1,38 @@
-"""From a notebook cell to a shell command to a ``torchrun`` command line.
+"""From a notebook cell to a shell command, a ``torchrun`` job, a Slurm script and a Ray job: one config, one YAML.
 
-A cell holds a config; :func:`shell_command` writes the ``mimo-kit run`` line that reproduces it (only the keys
-that differ from the preset); :func:`torchrun_command` wraps the same line for N processes on M nodes. The kit's
-training loops run in one process today and do not yet read the ranks ``torchrun`` sets, so that line starts
-independent copies; sharded multi-process training (FSDP2) is planned.
+A cell holds a config. :func:`shell_command` writes the ``mimo-kit run`` line that reproduces it (only the keys
+that differ from the preset). :func:`prepare` writes the config as ``config.yaml`` into a run folder and, next to
+it, the same run three ways, all reading that one YAML:
+
+- ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT
+  --rdzv-id ID -m mimo_kit.cli run EXP --config run/config.yaml --out run``: every node runs this line; c10d
+  rendezvous (no fixed node ranks) gathers N·P processes, and the loop reads ``RANK``/``WORLD_SIZE`` and shards
+  the model with FSDP2 (:mod:`mimo_kit.infra.dist`);
+- ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
+  rendezvous on the first node of the allocation;
+- ``ray_job.sh``: ``ray job submit`` of the same entrypoint to a Ray cluster (the head's dashboard address), the
+  route for rollout workers; the kit's rollout workers as Ray actors are planned, so today the job runs the
+  entrypoint as it is.
+
+:func:`launch` runs the ``torchrun`` form on this machine (``nnodes`` agents on 127.0.0.1, one per simulated
+node), which is what ``mimo-kit launch EXP --nnodes N --nproc-per-node P`` does without ``--dry-run``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 from mimo_kit.config.base import Config, ConfigError
+
+#: experiments whose loop reads the ranks torchrun sets (the rest refuse a world of more than one process)
+DISTRIBUTED = ("pretrain", "rl")
 
 
 def _format(value: object) -> str:
@@ -30,13 +52,149 @@ def shell_command(experiment: str, cfg: Config, preset: str = "tiny") -> str:
     return shlex.join(["mimo-kit", "run", experiment, "--preset", preset, *args])
 
 
-def torchrun_command(experiment: str, cfg: Config, preset: str = "tiny", *, nproc_per_node: int = 8,
-                     nnodes: int = 1, rdzv_endpoint: str = "$MASTER_ADDR:29500") -> str:
-    """The same run under ``torchrun``: ``nnodes × nproc_per_node`` processes, rendezvous at ``rdzv_endpoint``."""
+def _check_shape(nnodes: int, nproc_per_node: int) -> None:
     if nproc_per_node < 1 or nnodes < 1:
-        raise ConfigError(f"torchrun_command: nproc_per_node={nproc_per_node}, nnodes={nnodes}; expected >= 1")
-    run = shell_command(experiment, cfg, preset).split(" ", 1)[1]  # drop the console-script name
-    head = f"torchrun --nnodes={nnodes} --nproc-per-node={nproc_per_node}"
-    if nnodes > 1:
-        head += f" --rdzv-backend=c10d --rdzv-endpoint={rdzv_endpoint}"
-    return f"{head} -m mimo_kit.cli {run}"
+        raise ConfigError(f"launch: nproc_per_node={nproc_per_node}, nnodes={nnodes}; expected >= 1")
+
+
+def torchrun_command(experiment: str, cfg: Config | str | Path, preset: str = "tiny", *, nproc_per_node: int = 8,
+                     nnodes: int = 1, rdzv_endpoint: str = "$MASTER_ADDR:29500", rdzv_id: str = "mimo-kit",
+                     out: str | Path | None = None, rendezvous: bool | None = None) -> str:
+    """The ``torchrun`` line of a run: ``nnodes × nproc_per_node`` processes, c10d rendezvous at ``rdzv_endpoint``.
+
+    ``cfg`` is a config (its keys become ``key=value`` arguments, as :func:`shell_command`) or the path of the
+    run's ``config.yaml`` (then ``--config PATH`` and, with ``out``, ``--out OUT``: what :func:`prepare` writes).
+    """
+    _check_shape(nnodes, nproc_per_node)
+    if isinstance(cfg, Config):
+        run = shlex.split(shell_command(experiment, cfg, preset))[1:]  # drop the console-script name
+    else:
+        run = ["run", experiment, "--config", str(cfg), *(["--out", str(out)] if out is not None else [])]
+    head = ["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={nproc_per_node}"]
+    if nnodes > 1 if rendezvous is None else rendezvous:  # one node needs no rendezvous unless asked
+        head += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}", f"--rdzv-id={rdzv_id}"]
+    # the endpoint may hold a shell variable ($MASTER_ADDR): keep it unquoted so the node's shell expands it
+    return " ".join(h if "$" in h else shlex.quote(h) for h in head) + " -m mimo_kit.cli " + shlex.join(run)
+
+
+def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, nnodes: int, nproc_per_node: int,
+                  job_name: str = "mimo-kit", time_limit: str = "24:00:00", port: int = 29500) -> str:
+    """A Slurm batch script: N nodes, one ``torchrun`` agent per node (``srun``), rendezvous on the first node."""
+    _check_shape(nnodes, nproc_per_node)
+    line = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                            rdzv_endpoint=f"$MASTER_ADDR:{port}", rdzv_id="$SLURM_JOB_ID", out=out, rendezvous=True)
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name}",
+        f"#SBATCH --nodes={nnodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={nproc_per_node}",
+        f"#SBATCH --cpus-per-task={8 * nproc_per_node}",
+        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --output={Path(out) / 'slurm-%j.out'}",
+        "set -euo pipefail",
+        "# the rendezvous host: the first node of the allocation",
+        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"srun {line}",
+        "",
+    ])
+
+
+def ray_job_command(experiment: str, config_yaml: str | Path, out: str | Path, *, nproc_per_node: int = 1,
+                    address: str = "http://$RAY_HEAD:8265") -> str:
+    """``ray job submit`` of the run's entrypoint to a Ray cluster (the head's dashboard at ``address``)."""
+    entry = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=1, out=out)
+    return (f"ray job submit --address {address} --working-dir . "
+            f"--entrypoint-num-gpus {nproc_per_node} -- {entry}")
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A run folder with its config and the three ways to start it (all reading ``config``)."""
+
+    experiment: str
+    folder: Path
+    config: Path
+    torchrun: str
+    sbatch: str
+    ray_job: str
+    nnodes: int
+    nproc_per_node: int
+
+    def show(self) -> str:
+        return (f"config   → {self.config}\n\n# torchrun (each node)\n{self.torchrun}\n\n"
+                f"# Slurm: sbatch {self.folder / 'sbatch.sh'}\n{self.sbatch}\n# Ray\n{self.ray_job}\n")
+
+
+def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
+            folder: str | Path | None = None, rdzv_endpoint: str | None = None) -> Prepared:
+    """Write ``config.yaml``, ``torchrun.sh``, ``sbatch.sh`` and ``ray_job.sh`` into the run folder.
+
+    ``folder`` defaults to ``runs/EXPERIMENT/launch-TIMESTAMP``; ``rdzv_endpoint`` to ``$MASTER_ADDR:29500``.
+    """
+    from mimo_kit import experiments
+
+    exp = experiments.get(experiment)
+    if not isinstance(cfg, exp.config_cls):
+        raise ConfigError(f"launch: experiment {experiment!r} takes a {exp.config_cls.__name__}, got a "
+                          f"{type(cfg).__name__}")
+    if nnodes * nproc_per_node > 1 and experiment not in DISTRIBUTED:
+        raise ConfigError(f"launch: experiment {experiment!r} runs in one process; the experiments that train "
+                          f"sharded over processes are {', '.join(DISTRIBUTED)}")
+    _check_shape(nnodes, nproc_per_node)
+    out = Path(folder or f"runs/{experiment}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    yaml_path = out / "config.yaml"
+    cfg.to_yaml(yaml_path)
+    tr = torchrun_command(experiment, yaml_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                          rdzv_endpoint=rdzv_endpoint or "$MASTER_ADDR:29500", out=out)
+    sb = sbatch_script(experiment, yaml_path, out, nnodes=nnodes, nproc_per_node=nproc_per_node)
+    rj = ray_job_command(experiment, yaml_path, out, nproc_per_node=nproc_per_node)
+    (out / "torchrun.sh").write_text(f"#!/bin/bash\n# run on every node (MASTER_ADDR: the first node)\n{tr}\n")
+    (out / "sbatch.sh").write_text(sb)
+    (out / "ray_job.sh").write_text(f"#!/bin/bash\n# RAY_HEAD: the Ray head node\n{rj}\n")
+    return Prepared(experiment, out, yaml_path, tr, sb, rj, nnodes, nproc_per_node)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
+           folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False) -> dict:
+    """Prepare the run and start it here: ``nnodes`` torchrun agents (simulated nodes) on 127.0.0.1.
+
+    Each agent is ``python -m torch.distributed.run`` with the run's torchrun arguments and a c10d rendezvous on a
+    free local port; they find each other as separate nodes would. Returns the run's ``result.json`` (written by
+    rank 0) with the folder; a failed process raises with its exit codes and the end of its output.
+    """
+    prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder)
+    port = _free_port()
+    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"local-{port}",
+            "-m", "mimo_kit.cli", "run", experiment, "--config", str(prep.config), "--out", str(prep.folder)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the cores; torchrun's own default
+    logs = [prep.folder / f"node{n}.log" for n in range(nnodes)]
+    procs = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env,
+                              stdout=log.open("w"), stderr=subprocess.STDOUT) for log in logs]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(None if deadline is None else max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise TimeoutError(f"launch {experiment}: not finished after {timeout} s; logs in {prep.folder}")
+    if any(codes):
+        tail = logs[codes.index(next(c for c in codes if c))].read_text()[-3000:]
+        raise RuntimeError(f"launch {experiment}: exit codes {codes}; log tail:\n{tail}")
+    if not quiet:
+        print(logs[0].read_text()[-2000:])
+    result = json.loads((prep.folder / "result.json").read_text())
+    return {"folder": str(prep.folder), "result": result, "torchrun": prep.torchrun}

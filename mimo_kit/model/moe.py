@@ -38,7 +38,8 @@ class TopkRouter(nn.Module):
 
     def forward(self, x: torch.Tensor, forced: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] → (indices [N, k], weights [N, k]); ``forced`` [N, k] replays given experts."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [N, E]
+        with torch.autocast(x.device.type, enabled=False):  # the router stays fp32 under bf16 autocast
+            scores = F.linear(x.float(), self.weight.float()).sigmoid()  # [N, E]
         if forced is None:
             idx = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1).indices
         else:

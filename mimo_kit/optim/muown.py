@@ -123,30 +123,31 @@ class Muown(Optimizer):
             for W in group["params"]:
                 if W.grad is None:
                     continue
-                G = W.grad.float()  # [..., m, n]
+                G = _local(W.grad).float()  # [..., m, n]: this rank's rows (all of them unsharded)
                 state = self.state[W]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32)
-                    state["momentum_buffer"] = torch.zeros_like(G)  # Muon momentum of ∂L/∂v
-                    state["exp_avg"] = torch.zeros_like(G[..., 0])  # Adam moments of ∂L/∂g  [..., m]
-                    state["exp_avg_sq"] = torch.zeros_like(G[..., 0])
+                    state["momentum_buffer"] = _like(W, torch.zeros_like(G))  # Muon momentum of ∂L/∂v
+                    state["exp_avg"] = _like(W, torch.zeros_like(G[..., 0]))  # Adam moments of ∂L/∂g  [..., m]
+                    state["exp_avg_sq"] = _like(W, torch.zeros_like(G[..., 0]))
                 state["step"] += 1
                 t = state["step"].item()
-                Wf = W.float()
-                # 1. decompose: g [..., m], v̂ [..., m, n]
+                Wl = _local(W)
+                Wf = Wl.float()
+                # 1. decompose: g [..., m], v̂ [..., m, n]  (rows are whole on every rank: shards split rows)
                 g = Wf.norm(dim=-1)
                 v_hat = Wf / g.clamp_min(1e-30)[..., None]
                 # 2. gradients of g and of v (at v = W)
                 grad_g = (G * v_hat).sum(-1)
                 grad_v = G - grad_g[..., None] * v_hat
                 # 3. Muon step on v: momentum, Newton–Schulz, 0.2·√max(m, n)
-                buf = state["momentum_buffer"]
+                buf = _local(state["momentum_buffer"])
                 buf.lerp_(grad_v, 1 - group["momentum"])
                 update = grad_v.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-                ortho = newton_schulz(update, group["ns_steps"], group["ns_coefficients"], dtype=group["ns_dtype"])
+                ortho = _orthogonalize(W, update, group)
                 v_new = Wf - group["lr"] * muon_scale(W.shape) * ortho
                 # 4. Adam step on g, decoupled weight decay
-                m1, m2 = state["exp_avg"], state["exp_avg_sq"]
+                m1, m2 = _local(state["exp_avg"]), _local(state["exp_avg_sq"])
                 m1.lerp_(grad_g, 1 - beta1)
                 m2.mul_(beta2).addcmul_(grad_g, grad_g, value=1 - beta2)
                 m_hat, s_hat = m1 / (1 - beta1**t), m2 / (1 - beta2**t)
@@ -156,8 +157,8 @@ class Muown(Optimizer):
                 m1.copy_(torch.where(neg, -m1, m1))
                 # 5. recompose W = g' ⊙ v'/‖v'‖
                 v_unit = v_new / v_new.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-                W.copy_((g_new[..., None] * v_unit).to(W.dtype))
-                state["g"] = g_new.abs()
+                Wl.copy_((g_new[..., None] * v_unit).to(Wl.dtype))
+                state["g"] = _like(W, g_new.abs())
         return loss
 
 
@@ -201,3 +202,43 @@ class Muon(torch.optim.Muon):
                 grads.append(p.grad)
                 muon_momentum_bufs.append(state["momentum_buffer"])
         return False
+
+
+# ---- sharded parameters (FSDP2) --------------------------------------------------------------------------------
+# Under FSDP2 a parameter is a DTensor sharded on dim 0: a matrix [m, n] by rows, an expert stack [E, m, n] by
+# expert. Steps 1, 2, 4 and 5 are row-wise, so every rank runs them on its own rows. Newton–Schulz (step 3) needs
+# the whole matrix: a 2-D parameter's update is all-gathered, orthogonalised on every rank, and each rank keeps its
+# rows; an expert stack's matrices are whole on the rank that holds them, so they need no communication.
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (a view: in-place updates write the parameter); a plain tensor as is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _like(W: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """State ``local`` (this rank's rows of a tensor shaped [W.shape[:k]]) as a DTensor sharded like ``W``, so a
+    sharded checkpoint knows its global shape; plain when W is plain."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(W, DTensor):
+        return local
+    shape = W.shape[: local.dim()]
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(local, W.device_mesh, W.placements, run_check=False, shape=shape, stride=stride)
+
+
+def _orthogonalize(W: torch.Tensor, update: torch.Tensor, group: dict) -> torch.Tensor:
+    """Newton–Schulz of this rank's ``update`` rows; a row-sharded 2-D matrix is gathered first (see above)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    ns = dict(steps=group["ns_steps"], coefficients=group["ns_coefficients"], dtype=group["ns_dtype"])
+    if not isinstance(W, DTensor) or W.dim() == 3:  # plain, or whole expert matrices on this rank
+        return newton_schulz(update, **ns)
+    full = DTensor.from_local(update, W.device_mesh, W.placements, run_check=False, shape=W.shape,
+                              stride=W.stride()).full_tensor()  # [m, n] on every rank
+    ortho = newton_schulz(full, **ns)
+    return DTensor.from_local(ortho, W.device_mesh, [Replicate()], run_check=False).redistribute(
+        W.device_mesh, W.placements).to_local()

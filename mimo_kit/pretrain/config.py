@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.infra.dist import check_device_knobs
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.optim.config import OptimConfig
 
@@ -28,6 +29,12 @@ class PretrainConfig(Config):
     tokenizer_min_frequency: int = knob(2, "BPE merges seen fewer times than this are not learned", min=1)
     qat: bool = knob(False, "train the experts through MXFP4 QDQ + straight-through estimator (Report §3)")
     seed: int = knob(0, "model init and data order; CPU runs are bit-reproducible", min=0)
+    device: str = knob("auto", "auto = cuda when available, else cpu; also cpu, cuda, cuda:N")
+    precision: str = knob("auto", "compute dtype: auto = bf16 on cuda, fp32 on cpu; weights and optimiser state stay "
+                          "fp32 (Report §3)")
+    activation_checkpointing: bool = knob(False, "recompute each layer's activations in the backward: memory of "
+                                          "one layer instead of all, ~1/3 more compute")
+    fsdp: str = knob("auto", "FSDP2: auto = shard when torchrun starts > 1 process; on = shard even in one; off")
 
     PRESETS = {
         "tiny": {},
@@ -41,6 +48,7 @@ class PretrainConfig(Config):
         return self.quick_steps if self.quick else self.steps
 
     def check(self) -> None:
+        check_device_knobs("PretrainConfig", self.device, self.precision, self.fsdp)
         if self.seq_len > self.model.max_position_embeddings:
             raise ConfigError(f"PretrainConfig.seq_len: {self.seq_len} exceeds model.max_position_embeddings="
                               f"{self.model.max_position_embeddings}")

@@ -13,6 +13,17 @@ with f the warm-up + cosine factor of :func:`mimo_kit.optim.lr_factor`.
 run killed at any point and resumed from its last checkpoint replays the same batches through the same weights and
 its loss curve continues bit-for-bit (tests/test_pretrain.py kills a run and compares).
 
+**Where it runs** (:mod:`mimo_kit.infra.dist`). ``device`` and ``precision`` place the model, the batches and the
+optimiser state (fp32 weights and state, bf16 compute on CUDA by default). Under ``torchrun`` every process builds
+the same model from the same seed, FSDP2 shards it, and each rank trains on its rows of the same global batch:
+
+.. math:: \\mathcal{L} = \\frac{1}{W}\\sum_{r=1}^{W} \\mathcal{L}_r, \\qquad
+          \\nabla\\mathcal{L} = \\frac{1}{W}\\sum_r \\nabla\\mathcal{L}_r \\ \\text{(FSDP's reduce-scatter average)}
+
+with W ranks of B/W rows each, so W processes follow the one-process loss curve up to float summation order.
+Checkpoints are sharded folders (:func:`mimo_kit.checkpoint.save_sharded`): a run saved on 2 processes resumes on
+1 and the reverse.
+
 :class:`Trainer` is the loop's state and one step; :func:`run_pretrain` is the whole run. Other chapters call
 ``run_pretrain(PretrainConfig.preset("tiny", steps=...))`` for a trained backbone and its tokenizer.
 """
@@ -30,7 +41,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mimo_kit.checkpoint import atomic_save
+from mimo_kit.checkpoint import load_sharded, save_sharded
+from mimo_kit.config.base import ConfigError
+from mimo_kit.infra.dist import (
+    Dist,
+    autocast,
+    checkpointed_layers,
+    data_slice,
+    init_distributed,
+    resolve_precision,
+    shard_model,
+    to_float,
+    uses_fsdp,
+)
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.optim.build import OptimizerSet, build_optimizer, lr_factor
 from mimo_kit.optim.mxfp4 import qat_experts
@@ -49,10 +72,14 @@ def new_log() -> dict[str, list]:
 class Trainer:
     """Model + optimiser set + loader + log: everything a step reads and a checkpoint stores."""
 
-    def __init__(self, cfg: PretrainConfig, tokenizer=None, streams: dict[str, torch.Tensor] | None = None):
+    def __init__(self, cfg: PretrainConfig, tokenizer=None, streams: dict[str, torch.Tensor] | None = None,
+                 dist: Dist | None = None):
         if cfg.model.vocab_size < 256 + 10:
             raise ValueError(f"model.vocab_size={cfg.model.vocab_size}: the byte-level tokenizer needs >= 266")
         self.cfg = cfg
+        self.dist = dist or init_distributed(cfg.device, cfg.fsdp)
+        self.device = self.dist.device
+        self.dtype = resolve_precision(cfg.precision, self.device)
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.vocab_size, cfg.corpus_bytes,
                                                      val_fraction=cfg.val_fraction,
                                                      min_frequency=cfg.tokenizer_min_frequency)
@@ -60,27 +87,54 @@ class Trainer:
             raise ValueError(f"tokenizer has {len(self.tokenizer)} entries, model.vocab_size={cfg.model.vocab_size}")
         self.streams = streams or token_streams(self.tokenizer, cfg.corpus_bytes, cfg.val_fraction)
         torch.manual_seed(cfg.seed)
-        self.model = MiMoForCausalLM(cfg.model)
+        self.model = MiMoForCausalLM(cfg.model).to(self.device)  # fp32 master weights on every device
+        self.sharded = uses_fsdp(self.dist, cfg.fsdp)
+        if self.sharded:
+            if cfg.qat:
+                raise ConfigError("PretrainConfig.qat with FSDP: QAT reparametrises the expert weights, which "
+                                  "FSDP2 cannot shard; run QAT in one process (fsdp=off)")
+            if cfg.optim.matrix_optimizer == "muon":
+                raise ConfigError("optim.matrix_optimizer='muon' with FSDP: torch.optim.Muon orthogonalises the "
+                                  "parameter it is given, i.e. one shard; sharded runs support adamw and muown")
+            data_slice(cfg.batch, self.dist)  # the batch must split over the ranks: fail before any work
+            shard_model(self.model, self.dist)
         self.opt: OptimizerSet = build_optimizer(self.model, cfg.optim)
         self.loader = PackedLoader(self.streams["train"], cfg.batch, cfg.seq_len, cfg.seed)
         self.val = eval_batches(self.streams["val"], cfg.batch, cfg.seq_len, cfg.eval_batches)
         self.step_no, self.elapsed, self.opt_elapsed, self.log = 0, 0.0, 0.0, new_log()
         self.qat = cfg.qat
 
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a global batch, on the device (all of them in a world of one)."""
+        rows = data_slice(x.shape[0], self.dist) if self.dist.world_size > 1 else slice(None)
+        return x[rows].to(self.device, non_blocking=True)
+
+    def _loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of this rank's rows (bf16 compute under autocast, fp32 loss)."""
+        with autocast(self.device, self.dtype):
+            logits = self.model(x).logits
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())  # mean over [B·L] targets
+
+    def _global_mean(self, v: torch.Tensor) -> float:
+        """The mean of a per-rank mean over equal-sized ranks: the whole batch's value."""
+        return float(self.dist.all_reduce_sum(v.float()) / self.dist.world_size)
+
     # ---- one step ---------------------------------------------------------------------------------------------
     def train_step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None, total: int | None = None) -> float:
         """One optimiser step on ``batch`` (default: the loader's next); returns the loss and appends to the log."""
         cfg = self.cfg
         x, y = batch if batch is not None else next(self.loader)
+        x, y = self._rows(x), self._rows(y)
         t0 = time.perf_counter()
         self.model.train()
-        with qat_experts(self.model) if self.qat else contextlib.nullcontext():
-            loss = F.cross_entropy(self.model(x).logits.flatten(0, 1), y.flatten())  # mean over [B·L] targets
+        with (qat_experts(self.model) if self.qat else contextlib.nullcontext(),
+              checkpointed_layers(self.model, cfg.activation_checkpointing)):
+            loss = self._loss(x, y)
             self.opt.zero_grad()
             loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         clip = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)  # the global norm (a DTensor when sharded)
         self.step_no += 1
         factor = lr_factor(self.step_no, total or cfg.total_steps, cfg.optim)
         self.opt.set_lr_factor(factor)
@@ -94,9 +148,9 @@ class Trainer:
         log["tokens"].append(self.step_no * cfg.batch * cfg.seq_len)
         log["seconds"].append(self.elapsed)
         log["opt_seconds"].append(self.opt_elapsed)
-        log["loss"].append(loss.item())
+        log["loss"].append(self._global_mean(loss.detach()))
         log["lr"].append(cfg.optim.lr * factor)
-        log["grad_norm"].append(grad_norm.item())
+        log["grad_norm"].append(to_float(grad_norm))
         return log["loss"][-1]
 
     @torch.no_grad()
@@ -104,7 +158,7 @@ class Trainer:
         """Mean validation loss over the fixed validation batches (experts as they are: QDQ only under QAT)."""
         self.model.eval()
         with qat_experts(self.model) if self.qat else contextlib.nullcontext():
-            v = sum(F.cross_entropy(self.model(x).logits.flatten(0, 1), y.flatten()).item() for x, y in self.val)
+            v = sum(self._global_mean(self._loss(self._rows(x), self._rows(y))) for x, y in self.val)
         v /= len(self.val)
         if record:
             self.log["val_step"].append(self.step_no)
@@ -119,31 +173,56 @@ class Trainer:
         return copy.deepcopy(self, memo)
 
     # ---- checkpoints --------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
+    def trainer_state(self) -> dict[str, Any]:
+        """Everything but the weights and the optimiser: step, clocks, log, data position, RNG, QAT, config."""
         return {"step": self.step_no, "elapsed": self.elapsed, "opt_elapsed": self.opt_elapsed,
-                "log": copy.deepcopy(self.log),
-                "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "loader": self.loader.state_dict(), "rng": torch.get_rng_state(), "qat": self.qat,
-                "config": self.cfg.to_dict()}
+                "log": copy.deepcopy(self.log), "loader": self.loader.state_dict(), "rng": torch.get_rng_state(),
+                "qat": self.qat, "config": self.cfg.to_dict(),
+                "optimizer_set": {"matrix_kind": self.opt.matrix_kind, "lr_factor": self.opt.lr_factor}}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+    def state_dict(self) -> dict[str, Any]:
+        """The whole state in memory (an unsharded trainer): :meth:`trainer_state` + model + optimiser."""
+        return {**self.trainer_state(), "model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
+
+    def load_trainer_state(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state["loader"])
         torch.set_rng_state(state["rng"])
         self.step_no, self.elapsed, self.opt_elapsed = state["step"], state["elapsed"], state["opt_elapsed"]
         self.log, self.qat = state["log"], state["qat"]
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.load_trainer_state(state)
+
     def save_checkpoint(self, folder: str | Path) -> Path:
-        """``folder/step-NNNNNN.pt`` (written atomically) and ``folder/latest`` naming it; old ones pruned."""
+        """``folder/step-NNNNNN/`` (a sharded checkpoint, written atomically) and ``folder/latest`` naming it; old
+        ones pruned. Every rank calls it; any process count can load it."""
+        import shutil
+
         folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"step-{self.step_no:06d}.pt"
-        atomic_save(self.state_dict(), path)
-        (folder / "latest").write_text(path.name + "\n")
-        for old in sorted(folder.glob("step-*.pt"))[: -self.cfg.keep_checkpoints]:
-            old.unlink()
+        if self.dist.is_main:
+            folder.mkdir(parents=True, exist_ok=True)
+        path = save_sharded(folder / f"step-{self.step_no:06d}", self.model, self.opt, self.trainer_state(),
+                            is_main=self.dist.is_main)
+        if self.dist.is_main:
+            (folder / "latest").write_text(path.name + "\n")
+            for old in sorted(p for p in folder.glob("step-*") if p.is_dir() and p.suffix != ".tmp")[
+                    : -self.cfg.keep_checkpoints]:
+                shutil.rmtree(old)
+        self.dist.barrier()
         return path
+
+    def load_checkpoint(self, path: str | Path) -> dict[str, Any]:
+        """Resume from a :meth:`save_checkpoint` folder written by any number of processes."""
+        state = load_sharded(path, self.model, self.opt)
+        kind = state["optimizer_set"]
+        if kind["matrix_kind"] != self.opt.matrix_kind:
+            raise ValueError(f"{path}: written with matrix optimiser {kind['matrix_kind']!r}, this run builds "
+                             f"{self.opt.matrix_kind!r}")
+        self.opt.set_lr_factor(kind["lr_factor"])
+        self.load_trainer_state(state)
+        return state
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
@@ -152,7 +231,7 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     if not marker.is_file():
         return None
     path = Path(folder) / marker.read_text().strip()
-    return path if path.is_file() else None
+    return path if (path / "trainer.pt").is_file() else None
 
 
 @dataclasses.dataclass
@@ -186,16 +265,16 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     trainer = Trainer(cfg, tokenizer=tokenizer)
     ckpt = latest_checkpoint(ckpt_dir) if resume else None
     if ckpt is not None:
-        state = torch.load(ckpt, weights_only=False)
-        if dict(state["config"], out_dir=None) != dict(cfg.to_dict(), out_dir=None):  # a run folder may move
-            diff = cfg.diff(type(cfg).from_dict(state["config"]))
+        saved = torch.load(ckpt / "trainer.pt", weights_only=False)["config"]
+        if _run_key(saved) != _run_key(cfg.to_dict()):
+            diff = cfg.diff(type(cfg).from_dict(saved))
             raise ValueError(f"run_pretrain: checkpoint {ckpt} was written by a different config ({diff}); use "
                              "another out_dir or resume=False")
-        trainer.load_state_dict(state)
+        trainer.load_checkpoint(ckpt)
     total = cfg.total_steps
     end = total if stop_after is None else min(total, trainer.step_no + stop_after)
     bar = tqdm(total=total, initial=trainer.step_no, desc=f"pretrain ({cfg.optim.matrix_optimizer})",
-               disable=not progress, leave=False)
+               disable=not progress or not trainer.dist.is_main, leave=False)
     while trainer.step_no < end:
         loss = trainer.train_step()
         step = trainer.step_no
@@ -210,15 +289,32 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     bar.close()
     if trainer.step_no >= total:
         save_final(trainer, out)
+    trainer.dist.barrier()
     return PretrainResult(trainer.model.eval(), trainer.tokenizer, trainer.log, out, cfg, trainer)
 
 
+#: fields a checkpoint may be resumed under with other values: where and how the run computes, not what
+RESUMABLE = ("out_dir", "device", "precision", "activation_checkpointing", "fsdp")
+
+
+def _run_key(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config without :data:`RESUMABLE` fields (a run folder may move, a run may change its process count)."""
+    return {k: v for k, v in cfg.items() if k not in RESUMABLE}
+
+
 def save_final(trainer: Trainer, out: Path) -> None:
-    """The finished run as files: ``model.safetensors`` (transformers' keys), ``config.yaml``, tokenizer."""
+    """The finished run as files: ``model.safetensors`` (transformers' keys), ``config.yaml``, tokenizer.
+
+    Every rank calls it (gathering sharded weights is a collective); rank 0 writes."""
     from safetensors.torch import save_file
 
+    from mimo_kit.infra.dist import full_state_dict
+
+    weights = full_state_dict(trainer.model)
+    if not trainer.dist.is_main:
+        return
     out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()}, out / "model.safetensors")
+    save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, out / "model.safetensors")
     trainer.cfg.to_yaml(out / "config.yaml")
     trainer.tokenizer.save_pretrained(out / "tokenizer")
 
