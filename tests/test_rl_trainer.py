@@ -53,7 +53,7 @@ def test_step_metrics_and_train_inference_consistency(tmp_path, sft_file):
         # the trainer's forward on the stored tokens reproduces the engine's rollout logprobs (same weights)
         assert h["trained_tokens"] > 0 and h["mismatch_abs_dlogp"] < 1e-4
         assert len(h["load_cv"]) == 2 and all(c >= 0 for c in h["load_cv"])
-    assert (tmp_path / "summary.json").exists() and (tmp_path / "checkpoint.pt").exists()
+    assert (tmp_path / "summary.json").exists() and (tmp_path / "checkpoint" / "trainer.pt").exists()
 
 
 def test_router_frozen_by_default_and_trainable_when_asked(tmp_path, sft_file):
@@ -232,9 +232,9 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     seen = {}
     real = trainer.ppo_update
 
-    def spy(model, opt, cfg, controller, batch, adv, mask, *rest):
+    def spy(model, opt, cfg, controller, batch, adv, mask, *rest, **kw):
         seen.update(batch=batch, adv=adv.clone())
-        return real(model, opt, cfg, controller, batch, adv, mask, *rest)
+        return real(model, opt, cfg, controller, batch, adv, mask, *rest, **kw)
 
     monkeypatch.setattr(trainer, "ppo_update", spy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

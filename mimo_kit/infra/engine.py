@@ -123,6 +123,7 @@ class InProcessEngine:
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.is_kit = isinstance(self.model, MiMoForCausalLM)
+        self.device = next(self.model.parameters()).device  # forwards run here; sampling on the CPU (below)
         self.pad_id = pad_id
         self.policy_version = 0
         self.generator = torch.Generator().manual_seed(seed)
@@ -154,11 +155,15 @@ class InProcessEngine:
 
     # ---- forward passes ---------------------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
-        """ids [B, L] continuing ``cache`` → (last-position logits [B, V], cache)."""
+        """ids [B, L] continuing ``cache`` → (last-position logits [B, V] in fp32 on the CPU, cache).
+
+        The model runs on its device; the next token is sampled on the CPU with the engine's CPU generator, so a
+        seed draws the same tokens on every device (one [B, V] copy per step)."""
+        ids = ids.to(self.device)
         if self.is_kit:
-            return self.model(ids, cache, logits_to_keep=1).logits[:, -1], cache
+            return self.model(ids, cache, logits_to_keep=1).logits[:, -1].float().cpu(), cache
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        return out.logits[:, -1], out.past_key_values
+        return out.logits[:, -1].float().cpu(), out.past_key_values
 
     def _new_cache(self) -> Any:
         return self.model.new_cache() if self.is_kit else None
@@ -276,7 +281,8 @@ def teacher_forced_logprobs(model: torch.nn.Module, prompt_ids: list[int], token
 
     ``routed_experts`` [layers, prompt + generated − 1 tokens, k] replays the rollout's routing (R3).
     """
-    ids = torch.tensor([list(prompt_ids) + list(token_ids)[:-1]], dtype=torch.long)
+    ids = torch.tensor([list(prompt_ids) + list(token_ids)[:-1]], dtype=torch.long,
+                       device=next(model.parameters()).device)
     with torch.no_grad():
         if routed_experts is not None:
             with model.replay_routing(routed_experts):
@@ -285,6 +291,6 @@ def teacher_forced_logprobs(model: torch.nn.Module, prompt_ids: list[int], token
             logits = model(ids).logits
         else:
             logits = model(input_ids=ids).logits
-    logits = logits[0, len(prompt_ids) - 1:].float()
+    logits = logits[0, len(prompt_ids) - 1:].float().cpu()
     logits = logits / temperature if temperature > 0 else logits
     return logits.log_softmax(-1).gather(-1, torch.tensor(token_ids)[:, None])[:, 0]

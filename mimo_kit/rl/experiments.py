@@ -284,8 +284,8 @@ def compare(cfg: CompareConfig, arms: dict[str, dict[str, Any]], name: str,
             d = sd / arm
             d.mkdir(exist_ok=True)
             shutil.copy(sd / "sft.pt", d / "sft.pt")
-            for stale in ("checkpoint.pt", "metrics.jsonl"):  # every call is a fresh run of the arm
-                (d / stale).unlink(missing_ok=True)
+            (d / "metrics.jsonl").unlink(missing_ok=True)  # every call is a fresh run of the arm
+            shutil.rmtree(d / "checkpoint", ignore_errors=True)
             r = run_rl(dataclasses.replace(base, out_dir=str(d), **over))
             models[arm] = (r["model"], r["init_router"])
             run = {"seed": seed, "history": r["history"], "sft_eval": r["sft_eval"], "rl_eval": r["rl_eval"]}

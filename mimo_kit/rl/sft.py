@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, knob
+from mimo_kit.infra.dist import Dist, autocast, checkpointed_layers
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 from mimo_kit.rl.toy.world import TOKENIZER, expert_dataset, make_tasks
 
@@ -75,11 +76,18 @@ def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Ten
 
 
 def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False,
-                   data: list | None = None) -> list[float]:
+                   data: list | None = None, *, d: Dist | None = None, dtype: torch.dtype = torch.float32,
+                   activation_checkpointing: bool = False) -> list[float]:
     """Train ``model`` in place on expert trajectories ``data`` ((ids, loss mask, info) per trace; default: the toy
-    world's expert); returns the loss per step."""
+    world's expert); returns the loss per step.
+
+    ``d``: the process group of a sharded run. Every rank draws the same batch and trains on its rows; the loss is
+    normalised by the whole batch's target count N (each rank's sum of token losses / N, × W for FSDP's average),
+    so W ranks compute the one-process loss. ``dtype``: the compute dtype (bf16 autocast on fp32 weights).
+    """
     if data is None:
         data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
+    d = d or Dist(device=next(model.parameters()).device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     rng = random.Random(seed)
     losses = []
@@ -92,13 +100,24 @@ def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: 
     for _ in steps:
         batch = rng.sample(data, min(cfg.batch_size, len(data)))
         ids, mask = pad_batch([b[0] for b in batch], [b[1] for b in batch])
-        logits = model(ids[:, :-1]).logits  # [B, T-1, V]
-        m = mask[:, 1:]
-        loss = F.cross_entropy(logits[m], ids[:, 1:][m])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        n_targets = int(mask[:, 1:].sum())  # the whole batch's targets
+        if d.world_size > 1:
+            rows = torch.tensor_split(torch.arange(ids.shape[0]), d.world_size)[d.rank]
+            ids, mask = (ids[rows], mask[rows]) if rows.numel() else (ids[:1], torch.zeros_like(mask[:1]))
+        ids, mask = ids.to(d.device), mask.to(d.device)
+        with checkpointed_layers(model, activation_checkpointing):
+            with autocast(d.device, dtype):
+                logits = model(ids[:, :-1]).logits  # [B, T-1, V]
+            m = mask[:, 1:]
+            if d.world_size == 1:
+                loss = F.cross_entropy(logits[m].float(), ids[:, 1:][m])
+            else:
+                loss = F.cross_entropy(logits[m].float(), ids[:, 1:][m], reduction="sum") * (d.world_size /
+                                                                                             max(n_targets, 1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(d.all_reduce_sum(loss.detach()) / d.world_size))
     model.eval()
     return losses

@@ -36,12 +36,24 @@ Every step appends one JSON line to ``metrics.jsonl``; a checkpoint (model, opti
 controller state) is written atomically every ``checkpoint_every`` steps and a rerun in the same ``out_dir``
 resumes from it and reproduces the uninterrupted run's metrics exactly (tests/test_rl_trainer.py kills a run
 with SIGKILL to check).
+
+**Under torchrun** (:mod:`mimo_kit.infra.dist`) the learner shards: every rank holds 1/W of the policy (FSDP2),
+rank 0 alone plays the rollouts with an engine that holds full weights (gathered after each step: the weight-sync
+path, then the version bump), and the batch goes to every rank. Each rank trains on its rows of the batch with the
+whole batch's token weights w (:func:`mimo_kit.rl.aggregation.token_weights`):
+
+.. math:: \\mathcal{L} = \\sum_{r} \\sum_{(i,t) \\in r} w_{i,t}\\, \\ell_{i,t}
+
+so the sharded step equals the one-process step up to float summation order (each rank's share is scaled by W
+because FSDP averages gradients over ranks). Entropy, clip fractions, mismatch and expert loads are summed over
+ranks before they are logged or fed to the entropy controller, so every rank's controller stays the same.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import random
 import statistics
@@ -51,14 +63,27 @@ from typing import Any
 
 import torch
 
-from mimo_kit.checkpoint import atomic_save
+from mimo_kit.checkpoint import atomic_save, load_sharded, save_sharded
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra import rollout
+from mimo_kit.infra.dist import (
+    Dist,
+    autocast,
+    check_device_knobs,
+    checkpointed_layers,
+    full_state_dict,
+    init_distributed,
+    resolve_precision,
+    shard_model,
+    to_float,
+    uses_fsdp,
+)
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.rollout import RolloutSettings
+from mimo_kit.model.moe import load_metrics
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
-from mimo_kit.rl.aggregation import aggregate_loss
+from mimo_kit.rl.aggregation import aggregate_loss, token_weights
 from mimo_kit.rl.compose import sequence_advantages, token_advantages
 from mimo_kit.rl.config import (
     AdvantageConfig,
@@ -82,7 +107,7 @@ from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
 from mimo_kit.rl.toy.repo import RepoWorld, RepoWorldConfig, harness_table
 from mimo_kit.rl.toy.world import ToyWorld
-from mimo_kit.rl.trajectory import Sample, flatten, save_jsonl
+from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
 
 #: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
 #: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
@@ -147,16 +172,25 @@ class RLConfig(Config):
                            "plays each in all 7 harnesses", min=0)
     eval_samples: int = knob(2, "samples per held-out task: pass@1 averaged over them", min=1)
     checkpoint_every: int = knob(5, "steps between checkpoints (exact resume)", min=0)
-    out_dir: str = knob("runs/rl", "run folder: metrics.jsonl, checkpoint.pt, sft.pt, summary.json")
+    out_dir: str = knob("runs/rl", "run folder: metrics.jsonl, checkpoint/, sft.pt, summary.json")
     threads: int = knob(1, "torch threads; a toy model on a shared 2-core machine runs fastest on one", min=1)
     progress: bool = knob(True, "tqdm bars")
     save_trajectories: bool = knob(True, "write each step's groups to trajectories/stepNNNNN.jsonl (one schema)")
+    device: str = knob("auto", "the learner's (and the engine's) device: auto = cuda when available, else cpu")
+    precision: str = knob("auto", "learner compute dtype: auto = bf16 on cuda, fp32 on cpu; weights and optimiser "
+                          "state stay fp32 (Report §3)")
+    activation_checkpointing: bool = knob(False, "recompute each layer in the backward (memory of one layer)")
+    fsdp: str = knob("auto", "FSDP2 for the learner: auto = shard when torchrun starts > 1 process; on; off")
 
     PRESETS = {"tiny": {"policy": {"hidden_size": 128}, "sft": {"steps": 250}},
                "small": {"steps": 60, "prompts": 16, "eval_tasks": 32},
                "toy": TOY_WORLD}
 
     def check(self) -> None:
+        check_device_knobs("RLConfig", self.device, self.precision, self.fsdp)
+        if self.activation_checkpointing and self.r3:
+            raise ConfigError("RLConfig.activation_checkpointing with r3: routing replay hands out the recorded "
+                              "experts in order, and a recomputed layer would ask for them twice; turn one off")
         if self.world not in ("repo", "toy"):
             raise ConfigError(f"RLConfig.world={self.world!r}; expected 'repo' or 'toy'")
         if self.world == "repo" and self.staleness > 0 and self.checkpoint_every > 0:
@@ -267,19 +301,38 @@ def replay_indices(model: torch.nn.Module, batch) -> torch.Tensor:
         model(batch.input_ids[:, :-1])
     idx = rec.indices.clone()  # [layers, B·(T−1), k]
     B, T = batch.input_ids.shape
-    routed = batch.routed_experts[:, :-1]  # [B, T−1, layers, k]
+    routed = batch.routed_experts[:, :-1].to(idx.device)  # [B, T−1, layers, k]
     have = (routed >= 0).all(-1).all(-1).reshape(-1)  # [B·(T−1)]
     idx[:, have] = routed.reshape(B * (T - 1), *routed.shape[2:])[have].permute(1, 0, 2)
     return idx
 
 
+def rank_rows(n: int, d: Dist) -> tuple[torch.Tensor, bool]:
+    """This rank's rows of an n-row batch (contiguous, sizes differ by at most one) and whether it has any.
+
+    A rank left without rows (n < world size) still runs a forward on row 0 with zero weight: every FSDP rank must
+    take part in every all-gather."""
+    mine = torch.tensor_split(torch.arange(n), d.world_size)[d.rank]
+    return (mine, True) if mine.numel() else (torch.zeros(1, dtype=torch.long), False)
+
+
+def slice_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
+    """The batch restricted to ``rows`` (every per-row tensor indexed; the layout kept)."""
+    n = batch.input_ids.shape[0]
+    return dataclasses.replace(batch, **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)
+                                         if isinstance(getattr(batch, f.name), torch.Tensor)
+                                         and getattr(batch, f.name).shape[0] == n})
+
+
 def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController,
-               prepared: tuple[list, list, list] | None = None, world: Any = None) -> dict:
+               prepared: tuple[list, list, list] | None = None, world: Any = None, d: Dist | None = None) -> dict:
     """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics.
 
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
+    ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
     """
     world = world or cfg.make_world()
+    d = d or Dist(device=next(model.parameters()).device)
     group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
     rewards = [r for rs in group_rewards for r in rs]
     gids = [g for g, s in enumerate(samples) for _ in s.sequences]
@@ -301,39 +354,70 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
         seq_passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
         adv = token_advantages(adv, batch.error_mask, batch.loss_mask, seq_passed[batch.seq_ids], cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
+    w = token_weights(mask, batch.group_ids, cfg.loss_agg)  # [B, T−1]: the whole batch's aggregation weights
+    if d.world_size > 1:  # this rank's rows; × W because FSDP averages the ranks' gradients
+        rows, live = rank_rows(batch.input_ids.shape[0], d)
+        batch, adv, mask, rollout_lp = slice_rows(batch, rows), adv[rows], mask[rows] & live, rollout_lp[rows]
+        w = w[rows] * (d.world_size if live else 0.0)
+    to = functools.partial(torch.Tensor.to, device=d.device)
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
-    with qdq:
-        routing = replay_indices(model, batch) if cfg.r3 else None
+    with qdq, checkpointed_layers(model, cfg.activation_checkpointing):
+        routing = replay_indices(model, dataclasses.replace(batch, input_ids=to(batch.input_ids))) if cfg.r3 else None
         model.train()
-        cands = batch.topp_candidates if cfg.topp_replay else None
-        logp, logits = policy_logprobs(model, batch.input_ids, cfg.temperature, routing, cands)
-        return ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out)
+        cands = to(batch.topp_candidates) if cfg.topp_replay else None
+        with autocast(d.device, resolve_precision(cfg.precision, d.device)):
+            logp, logits = policy_logprobs(model, to(batch.input_ids), cfg.temperature, routing, cands)
+        return ppo_update(model, opt, cfg, controller, batch, to(adv), to(mask), to(rollout_lp), logp, logits, out,
+                          weights=to(w), d=d)
 
 
-def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out) -> dict:
-    """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step."""
+def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, float | None]:
+    """Means over this rank's n tokens → means over every rank's tokens (count-weighted sums over ranks)."""
+    if d.world_size == 1:
+        return values
+    keys = sorted(values)
+    local = torch.tensor([n * (values[k] or 0.0) for k in keys] + [float(n)], dtype=torch.float64)
+    total = d.all_reduce_sum(local)
+    return {k: float(total[i] / total[-1]) if total[-1] > 0 else None for i, k in enumerate(keys)}
+
+
+def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out, *,
+               weights: torch.Tensor | None = None, d: Dist | None = None) -> dict:
+    """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step.
+
+    ``weights`` [rows, T−1]: the aggregation weights of these rows within the whole batch (default: this batch's
+    own); ``d``: the learner's process group (metrics are summed over its ranks)."""
+    d = d or Dist()
     old, weight = rollout_lp, torch.ones_like(rollout_lp)
     if cfg.tis:
         old = logp.detach()
         weight = truncated_is_weights(old, rollout_lp, cfg.clip.tis_cap)
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     per_tok, stats = ppo_clip_loss(logp, old, adv, cfg.clip.eps_low, eps_high, mask)
-    loss = aggregate_loss(per_tok * weight, mask, batch.group_ids, cfg.loss_agg)
+    if weights is None:
+        weights = token_weights(mask, batch.group_ids, cfg.loss_agg)
+    loss = aggregate_loss(per_tok * weight, mask, weights=weights)  # Σ w·ℓ over these rows
     opt.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
                                                cfg.clip.grad_clip)
     opt.step()
     model.eval()
+    n = int(mask.sum())
     with torch.no_grad():
-        ent = float(token_entropy(logits.detach())[mask].mean())
+        ent = float(token_entropy(logits.detach())[mask].mean()) if n else 0.0
+        mm = (mismatch_metrics(logp.detach().double(), rollout_lp.double(), mask) if n
+              else {"mean_abs_dlogp": 0.0, "k3_kl": 0.0})
+    means = _global_mean({"entropy": ent, "clip_low": stats["clip_low"], "clip_high": stats["clip_high"],
+                          "mean_abs_dlogp": mm["mean_abs_dlogp"], "k3_kl": mm["k3_kl"]}, n, d)
     if cfg.entropy_adaptive:
-        controller.update(ent)
-    mm = mismatch_metrics(logp.detach().double(), rollout_lp.double(), mask)
-    loads = model.load_metrics()
-    out.update(loss=float(loss.detach()), grad_norm=float(grad_norm), entropy=ent, clip_low=stats["clip_low"],
-               clip_high=stats["clip_high"], eps_high=eps_high, trained_tokens=int(mask.sum()),
-               mismatch_abs_dlogp=mm["mean_abs_dlogp"], mismatch_k3=mm["k3_kl"],
+        controller.update(means["entropy"])
+    loads = load_metrics(d.all_reduce_sum(model.expert_loads().float()))
+    loss_value = float(d.all_reduce_sum(loss.detach().float()) / d.world_size)
+    out.update(loss=loss_value, grad_norm=to_float(grad_norm), entropy=means["entropy"],
+               clip_low=means["clip_low"], clip_high=means["clip_high"], eps_high=eps_high,
+               trained_tokens=int(d.all_reduce_sum(torch.tensor(n))),
+               mismatch_abs_dlogp=means["mean_abs_dlogp"], mismatch_k3=means["k3_kl"],
                load_cv=[round(float(x), 4) for x in loads["cv"]],
                load_max_mean=[round(float(x), 4) for x in loads["max_mean"]],
                load_cold_share=[round(float(x), 4) for x in loads["cold_share"]])
@@ -453,36 +537,70 @@ def build_rl_optimizer(model, cfg: RLConfig):
     return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=0.0)
 
 
-def sync_weights(engine: InProcessEngine, model, version: int, cfg: RLConfig) -> None:
-    """Weights to the engine; with ``rollout_mxfp4`` the engine's experts become their MXFP4 QDQ (Report §6)."""
-    engine.update_weights(model.state_dict(), version)
+def sync_weights(engine: InProcessEngine | None, model, version: int, cfg: RLConfig) -> None:
+    """Weights to the engine; with ``rollout_mxfp4`` the engine's experts become their MXFP4 QDQ (Report §6).
+
+    A sharded learner gathers full weights first (a collective: every rank calls this; only rank 0 has an
+    engine, ``None`` elsewhere)."""
+    weights = full_state_dict(model)
+    if engine is None:
+        return
+    engine.update_weights(weights, version)
     if cfg.rollout_mxfp4:
         quantize_experts_(engine.model)
 
 
-def warm_start(cfg: RLConfig, out: Path, world: Any = None):
-    """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved."""
+def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | None:
+    """Rank 0's rollout engine with full weights on the learner's device (None on the other ranks).
+
+    Unsharded, a deep copy of the policy; sharded, a fresh policy of the same shape that :func:`sync_weights`
+    fills with the gathered weights."""
+    if not d.is_main:
+        return None
+    if not uses_fsdp(d, cfg.fsdp):
+        return InProcessEngine(model, seed=cfg.seed)
+    full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
+    return InProcessEngine(full, seed=cfg.seed, copy_weights=False)
+
+
+def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = None):
+    """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved.
+
+    Returns the policy on the learner's device, sharded when the run shards (SFT then trains sharded too)."""
     world = world or cfg.make_world()
-    model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)
-    key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,
+    d = d or Dist()
+    model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)  # the same seed: the same init on
+    key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,  # all ranks
            **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}
     path = out / "sft.pt"
-    if path.exists():
-        saved = torch.load(path, weights_only=False)
-        if saved["key"] == key:
-            model.load_state_dict(saved["model"])
-            return model, saved["losses"]
-    if world.name == "toy":
-        data = world.sft_data(cfg.sft.tasks, cfg.seed, cfg.sft.mix, cfg.sft.retry_prob)
-    else:
-        data = world.sft_data(cfg.repo.sft_traces, cfg.seed)
-    losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress, data=data)
-    atomic_save({"key": key, "model": model.state_dict(), "losses": losses}, path)
+    saved = torch.load(path, weights_only=False) if path.exists() else None
+    if saved is not None and saved["key"] == key:
+        model.load_state_dict(saved["model"])
+    model.to(d.device)
+    if uses_fsdp(d, cfg.fsdp):
+        shard_model(model, d)
+    if saved is not None and saved["key"] == key:
+        return model, saved["losses"]
+    data = None
+    if d.is_main:  # the expert's traces once (the repo world plays them in the sandbox), then to every rank
+        if world.name == "toy":
+            data = world.sft_data(cfg.sft.tasks, cfg.seed, cfg.sft.mix, cfg.sft.retry_prob)
+        else:
+            data = world.sft_data(cfg.repo.sft_traces, cfg.seed)
+    data = d.broadcast_object(data)
+    losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress and d.is_main, data=data, d=d,
+                            dtype=resolve_precision(cfg.precision, d.device),
+                            activation_checkpointing=cfg.activation_checkpointing)
+    weights = full_state_dict(model)
+    if d.is_main:
+        atomic_save({"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses}, path)
+    d.barrier()
     return model, losses
 
 
 #: fields a resumed run may change: they do not alter what the first steps computed
-RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads")
+RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads", "device", "precision",
+             "activation_checkpointing", "fsdp")
 
 
 def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
@@ -496,16 +614,25 @@ def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
 
 
 def run_rl(cfg: RLConfig) -> dict:
-    """SFT warm start, then ``cfg.steps`` RL steps; resumes from ``out_dir/checkpoint.pt`` when present."""
+    """SFT warm start, then ``cfg.steps`` RL steps; resumes from ``out_dir/checkpoint/`` when present.
+
+    Under torchrun every rank calls it: the learner shards, rank 0 plays the rollouts and writes the run folder
+    (the other ranks return the same summary without the history)."""
     out = Path(cfg.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    d = init_distributed(cfg.device, cfg.fsdp)
+    if d.is_main:
+        out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
-        world = cfg.make_world()
-        model, sft_losses = warm_start(cfg, out, world)
+        if d.is_main:  # rank 0 first: the repo world trains and caches its tokenizer once
+            world = cfg.make_world()
+        d.barrier()
+        if not d.is_main:
+            world = cfg.make_world()
+        model, sft_losses = warm_start(cfg, out, world, d)
         model.freeze_router(cfg.freeze_router)
-        init_router = {k: v.clone() for k, v in model.state_dict().items() if k.endswith("gate.weight")}
+        init_router = {k: v.clone() for k, v in full_state_dict(model).items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
-        engine = InProcessEngine(model, seed=cfg.seed)
+        engine = make_engine(model, cfg, world, d)
         sync_weights(engine, model, 0, cfg)
         controller = EntropyClipController.from_config(cfg.clip)
         rng = random.Random(cfg.seed)
@@ -514,26 +641,27 @@ def run_rl(cfg: RLConfig) -> dict:
                   if cfg.staleness > 0 else None)
         state = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
         start, sft_eval = 0, None
-        ckpt = out / "checkpoint.pt"
+        ckpt = out / "checkpoint"
         metrics_path = out / "metrics.jsonl"
-        if ckpt.exists():
-            c = torch.load(ckpt, weights_only=False)
-            _same_run(c.get("config", {}), cfg, ckpt)
-            model.load_state_dict(c["model"])
-            opt.load_state_dict(c["opt"])
+        if (ckpt / "trainer.pt").is_file():
+            _same_run(torch.load(ckpt / "trainer.pt", weights_only=False).get("config", {}), cfg, ckpt)
+            c = load_sharded(ckpt, model, opt)
             sync_weights(engine, model, c["step"], cfg)
-            engine.set_rng_state(c["engine_rng"])
+            if engine is not None:
+                engine.set_rng_state(c["engine_rng"])
             rng.setstate(c["rng"])
             controller, state = c["controller"], c["sampler"]
             start, sft_eval, init_router = c["step"], c["sft_eval"], c["init_router"]
             buffer = c["buffer"]
-            lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
-            metrics_path.write_text("".join(line + "\n" for line in lines))
+            if d.is_main:
+                lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
+                metrics_path.write_text("".join(line + "\n" for line in lines))
         else:
-            metrics_path.write_text("")
-            sft_eval = evaluate(engine, cfg, world)
+            if d.is_main:
+                metrics_path.write_text("")
+                sft_eval = evaluate(engine, cfg, world)
         steps = range(start, cfg.steps)
-        if cfg.progress:
+        if cfg.progress and d.is_main:
             from tqdm.auto import tqdm
 
             steps = tqdm(steps, desc=f"RL {cfg.advantage}", initial=start, total=cfg.steps, leave=False)
@@ -552,30 +680,35 @@ def run_rl(cfg: RLConfig) -> dict:
 
         for step in steps:
             t0 = time.perf_counter()
-            got = collect(engine, cfg, roll, state, world)
+            got = collect(engine, cfg, roll, state, world) if d.is_main else None
+            lag = version_lag(got.batch, engine.policy_version) if d.is_main else None
             t1 = time.perf_counter()
-            row = {"step": step + 1, **rollout_metrics(got.drawn), **version_lag(got.batch, engine.policy_version),
-                   **train_step(model, opt, got.batch, cfg, controller, got.prepared, world)}
-            row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
-                       groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
-                       recorded_errors=got.findings, entropy_target=controller.target)
-            n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
-            # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
-            row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
-                       expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
+            batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
+            trained = train_step(model, opt, batch, cfg, controller, prepared, world, d)
             sync_weights(engine, model, step + 1, cfg)
-            if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
-                save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
-            with metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            if d.is_main:
+                row = {"step": step + 1, **rollout_metrics(got.drawn), **lag, **trained}
+                row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
+                           groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
+                           recorded_errors=got.findings, entropy_target=controller.target)
+                n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
+                # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
+                row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
+                           expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
+                if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
+                    save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
+                with metrics_path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                atomic_save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step + 1,
-                             "engine_rng": engine.rng_state(), "rng": rng.getstate(), "controller": controller,
-                             "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
-                             "buffer": buffer, "config": cfg.to_dict()}, ckpt)
-        final_eval = evaluate(engine, cfg, world)
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+                save_sharded(ckpt, model, opt, {
+                    "step": step + 1, "engine_rng": engine.rng_state() if engine else None, "rng": rng.getstate(),
+                    "controller": controller, "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
+                    "buffer": buffer, "config": cfg.to_dict()}, is_main=d.is_main)
+        final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}
+    if not d.is_main:
+        return {**summary, "history": [], "model": model, "init_router": init_router}
+    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return {**summary, "history": history, "model": model, "init_router": init_router}
