@@ -1,0 +1,167 @@
+"""Multi-process training for real: torchrun + FSDP2 on gloo, sharded checkpoints across process counts.
+
+Every test starts real processes on this machine through :func:`mimo_kit.launch.launch` (torchrun agents with a
+c10d rendezvous on 127.0.0.1) and compares them with the same config run in one process. FSDP2 changes only the
+order of float sums, so the comparisons use relative tolerances, never bit equality.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mimo_kit.launch import launch
+from mimo_kit.pretrain import PretrainConfig, latest_checkpoint, run_pretrain
+from mimo_kit.rl.trainer import RLConfig, run_rl
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+TIMEOUT = 600
+
+
+def pretrain_cfg(out, **kw) -> PretrainConfig:
+    args = dict(steps=6, batch=4, seq_len=64, eval_every=3, checkpoint_every=3, corpus_bytes=300_000,
+                optim={"warmup_steps": 2, "matrix_optimizer": "muown"}, out_dir=str(out))
+    return PretrainConfig.preset("tiny", **{**args, **kw})
+
+
+def close(a: list[float], b: list[float], rtol: float) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rtol * max(abs(y), 1e-12) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def two_and_one(tmp_path_factory):
+    """The same pre-training run on 2 processes (FSDP2) and on 1."""
+    tmp = tmp_path_factory.mktemp("fsdp")
+    two = launch("pretrain", pretrain_cfg(tmp / "two"), nproc_per_node=2, folder=tmp / "job2", timeout=TIMEOUT,
+                 quiet=True)
+    one = run_pretrain(pretrain_cfg(tmp / "one"), progress=False)
+    return tmp, two, one
+
+
+def test_two_processes_follow_the_one_process_loss_curve(two_and_one):
+    _, two, one = two_and_one
+    log2 = two["result"]["log"]
+    assert log2["step"] == one.log["step"] == list(range(1, 7))
+    for key in ("loss", "val_loss", "grad_norm"):
+        assert close(log2[key], one.log[key], 1e-5), (key, log2[key], one.log[key])
+    # rank 0 wrote the run folder once, for a world of 2
+    assert json.loads((two_and_one[0] / "job2" / "run.json").read_text())["world_size"] == 2
+
+
+def test_a_checkpoint_saved_on_two_processes_resumes_on_one(two_and_one):
+    tmp, two, one = two_and_one
+    run = tmp / "two"
+    resumed_dir = tmp / "two_then_one"
+    shutil.copytree(run, resumed_dir)
+    ckpts = resumed_dir / "checkpoints"
+    shutil.rmtree(ckpts / "step-000006")
+    (ckpts / "latest").write_text("step-000003\n")
+    (resumed_dir / "model.safetensors").unlink()
+    assert latest_checkpoint(ckpts).name == "step-000003"
+    resumed = run_pretrain(pretrain_cfg(resumed_dir), progress=False)  # one process, sharded checkpoint
+    assert resumed.log["step"] == list(range(1, 7))
+    assert close(resumed.log["loss"], two["result"]["log"]["loss"], 1e-5)
+    assert close(resumed.log["loss"][3:], one.log["loss"][3:], 1e-5)
+    assert close(resumed.log["val_loss"], one.log["val_loss"], 1e-5)
+
+
+def test_a_checkpoint_saved_on_one_process_resumes_on_two(two_and_one, tmp_path):
+    tmp, _, one = two_and_one
+    cut = tmp_path / "one_then_two"
+    shutil.copytree(tmp / "one", cut)
+    ckpts = cut / "checkpoints"
+    shutil.rmtree(ckpts / "step-000006")
+    (ckpts / "latest").write_text("step-000003\n")
+    (cut / "model.safetensors").unlink()
+    resumed = launch("pretrain", pretrain_cfg(cut), nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT,
+                     quiet=True)
+    assert close(resumed["result"]["log"]["loss"], one.log["loss"], 1e-5)
+
+
+def test_two_nodes_meet_through_c10d_rendezvous_on_localhost(tmp_path):
+    """--nnodes 2, one process each: two torchrun agents find each other as two nodes would."""
+    done = launch("pretrain", pretrain_cfg(tmp_path / "run", steps=2, checkpoint_every=0, eval_every=2), nnodes=2,
+                  nproc_per_node=1, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)
+    assert done["result"]["log"]["step"] == [1, 2]
+    assert json.loads((tmp_path / "job" / "run.json").read_text())["world_size"] == 2
+    assert "--rdzv-backend=c10d" in (tmp_path / "job" / "torchrun.sh").read_text()
+
+
+def test_rl_learner_on_two_processes_equals_one(tmp_path):
+    """Rank 0 plays the rollouts on gathered weights, both ranks train: the same steps as one process."""
+    cfg = RLConfig.preset("toy", steps=2, prompts=4, eval_tasks=8, sft={"steps": 30}, checkpoint_every=0,
+                          progress=False, out_dir=str(tmp_path / "two"))
+    two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
+    one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
+    for key in ("loss", "entropy"):
+        assert close([h[key] for h in two["history"]], [h[key] for h in one["history"]], 1e-5), key
+    for key in ("trained_tokens", "pass_rate", "groups_trained"):
+        assert [h[key] for h in two["history"]] == [h[key] for h in one["history"]], key
+    assert close([h["grad_norm"] for h in two["history"]], [h["grad_norm"] for h in one["history"]], 1e-3)
+
+
+MUOWN_SCRIPT = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from mimo_kit.optim.muown import Muown
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    def build():
+        torch.manual_seed(0)
+        # odd row counts: shards of unequal size; a 3-D expert stack of 3 experts
+        return torch.nn.ParameterDict({"w": torch.nn.Parameter(torch.randn(7, 5)),
+                                       "e": torch.nn.Parameter(torch.randn(3, 6, 4))})
+    ref, sharded = build(), build()
+    fully_shard(sharded)
+    opts = [Muown(list(m.parameters()), lr=0.05, lr_norm=0.01, weight_decay=0.1) for m in (ref, sharded)]
+    for step in range(3):
+        g = torch.Generator().manual_seed(step)
+        grads = {k: torch.randn(p.shape, generator=g) for k, p in ref.items()}
+        for m, opt in zip((ref, sharded), opts):
+            for k, p in m.items():
+                if hasattr(p, "device_mesh"):
+                    from torch.distributed.tensor import distribute_tensor
+                    p.grad = distribute_tensor(grads[k], p.device_mesh, p.placements)
+                else:
+                    p.grad = grads[k].clone()
+            opt.step()
+    worst = max(float((sharded[k].full_tensor() - ref[k]).abs().max()) for k in ref)
+    norms = float((sharded["w"].full_tensor().norm(dim=-1) - opts[1].state[sharded["w"]]["g"].full_tensor()).abs().max())
+    if dist.get_rank() == 0:
+        print("WORST", worst, "NORMS", norms, flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def test_muown_on_sharded_parameters_equals_unsharded(tmp_path):
+    """Rows split unevenly (7 rows on 2 ranks), Newton–Schulz on the gathered matrix, experts whole per rank."""
+    script = tmp_path / "muown_sharded.py"
+    script.write_text(MUOWN_SCRIPT)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script)],
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("WORST"))
+    worst, norms = float(line.split()[1]), float(line.split()[3])
+    assert worst < 1e-5 and norms < 1e-5
+
+
+def test_fsdp_on_in_one_process_equals_off(tmp_path):
+    """fsdp=on opens a one-process group and shards over it: the same run as unsharded."""
+    code = ("import json, sys; from mimo_kit.pretrain import PretrainConfig, run_pretrain; "
+            "cfg = PretrainConfig.from_yaml(sys.argv[1]); "
+            "print('LOSS', json.dumps(run_pretrain(cfg, progress=False).log['loss']))")
+    cfg = pretrain_cfg(tmp_path / "on", steps=3, checkpoint_every=0, fsdp="on")
+    cfg.to_yaml(tmp_path / "on.yaml")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "on.yaml")], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    on = json.loads(next(x for x in proc.stdout.splitlines() if x.startswith("LOSS"))[5:])
+    off = run_pretrain(pretrain_cfg(tmp_path / "off", steps=3, checkpoint_every=0, fsdp="off"), progress=False)
+    assert close(on, off.log["loss"], 1e-5)
+    assert torch.isfinite(torch.tensor(on)).all()
