@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, knob
+from mimo_kit.infra.dist import autocast, check_device_knobs, resolve_device, resolve_precision
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
 from mimo_kit.spec.drafter import BlockDrafter, DrafterConfig, context_mask
@@ -49,6 +50,11 @@ class DrafterTrainConfig(Config):
                                "when it agrees with the backbone")
     checkpoint_every: int = knob(50, "steps between checkpoints", min=1)
     seed: int = knob(0, "data order, anchors and init", min=0)
+    device: str = knob("auto", "where the backbone and drafter train: auto = cuda when available, else cpu")
+    precision: str = knob("auto", "compute dtype: auto = bf16 on cuda, fp32 on cpu (weights and AdamW state fp32)")
+
+    def check(self) -> None:
+        check_device_knobs("DrafterTrainConfig", self.device, self.precision)
 
     PRESETS = {"tiny": {}, "small": {"steps": 1000, "seq_len": 256, "self_generated": 64}}
 
@@ -69,13 +75,13 @@ def drafter_loss(drafter: BlockDrafter, backbone: MiMoForCausalLM, x: torch.Tens
         out = backbone(x, output_hidden_states=True)
         feats = drafter.features(out.hidden_states)  # [N, T, n·H]
     M = min(T - B, anchors_per_seq)
-    anchors = torch.randint(1, T - B + 1, (N, M), generator=generator)  # a ≥ 1: at least one context position
-    rows = torch.arange(N).repeat_interleave(M)
+    anchors = torch.randint(1, T - B + 1, (N, M), generator=generator).to(x.device)  # a ≥ 1: one context position
+    rows = torch.arange(N, device=x.device).repeat_interleave(M)
     a = anchors.reshape(-1)
-    positions = torch.arange(T)
+    positions = torch.arange(T, device=x.device)
     ctx_kv = [(k[rows], v[rows]) for k, v in drafter.context(feats, positions)]  # per sequence, then per block
     logits = drafter(backbone, ctx_kv, context_mask(positions, a, cfg.context_window), x[rows, a], a)  # [N·M, B−1, V]
-    k = torch.arange(1, B)
+    k = torch.arange(1, B, device=x.device)
     w = torch.exp(-(k - 1).float() / cfg.gamma)
     logq = logits.float().log_softmax(-1)
     if distill:  # the backbone's distribution for token a + k, given the text up to a + k − 1
@@ -102,15 +108,20 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
         p.requires_grad_(False)
     torch.manual_seed(cfg.seed)
     drafter = drafter or BlockDrafter(cfg.drafter, backbone.config)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
     gen = torch.Generator().manual_seed(cfg.seed)
     pool = _self_generated_pool(backbone, tokens, cfg)
+    device = resolve_device(cfg.device)
+    dtype = resolve_precision(cfg.precision, device)
+    backbone.to(device)  # the frozen backbone moves to the run's device with the drafter
+    drafter.to(device)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr)
     log: dict[str, list] = {"step": [], "loss": [], "acc": []}
     start = 0
     ckpt = Path(out_dir) / "drafter.pt" if out_dir is not None else None
     if ckpt is not None and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
-        theirs, ours = dict(state["config"], steps=None), dict(cfg.to_dict(), steps=None)
+        free = dict(steps=None, device=None, precision=None)  # may change between a run and its continuation
+        theirs, ours = dict(state["config"], **free), dict(cfg.to_dict(), **free)
         if theirs != ours:  # a longer run may continue a shorter one; anything else is another experiment
             diff = cfg.diff(type(cfg).from_dict(state["config"]))
             raise ValueError(f"train_drafter: {ckpt} was written by a different config ({diff}); use another "
@@ -126,7 +137,8 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
         x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
                         [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
         drafter.train()
-        loss, acc = drafter_loss(drafter, backbone, x, gen, cfg.anchors_per_seq, cfg.distill)
+        with autocast(device, dtype):
+            loss, acc = drafter_loss(drafter, backbone, x.to(device), gen, cfg.anchors_per_seq, cfg.distill)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)

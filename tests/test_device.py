@@ -1,0 +1,128 @@
+"""Device, precision and activation checkpointing knobs of the loops, and the launcher's command lines (one CPU)."""
+
+import re
+
+import pytest
+import torch
+
+from mimo_kit import cli
+from mimo_kit.config.base import ConfigError
+from mimo_kit.infra.dist import Dist, resolve_device, resolve_precision
+from mimo_kit.launch import prepare, sbatch_script, torchrun_command
+from mimo_kit.pretrain import PretrainConfig, run_pretrain
+from mimo_kit.pretrain.loop import Trainer
+from mimo_kit.rl.trainer import RLConfig
+from mimo_kit.spec.train import DrafterTrainConfig
+
+
+def cfg(tmp_path, **kw) -> PretrainConfig:
+    args = dict(steps=3, batch=4, seq_len=64, eval_every=3, checkpoint_every=0, corpus_bytes=300_000,
+                out_dir=str(tmp_path))
+    return PretrainConfig.preset("tiny", **{**args, **kw})
+
+
+def test_cpu_defaults_resolve_to_fp32_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: auto resolves to it")
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_precision("auto", torch.device("cpu")) == torch.float32
+    assert resolve_precision("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ConfigError, match="device='cuda'.*no CUDA"):
+        resolve_device("cuda")
+
+
+@pytest.mark.parametrize("key,value", [("device", "tpu"), ("precision", "fp16"), ("fsdp", "maybe")])
+def test_bad_device_knobs_name_themselves(key, value):
+    for make in (lambda **kw: PretrainConfig.preset("tiny", **kw), lambda **kw: RLConfig.preset("toy", **kw)):
+        with pytest.raises(ConfigError, match=f"{key}='{value}'"):
+            make(**{key: value})
+    if key != "fsdp":
+        with pytest.raises(ConfigError, match=f"{key}='{value}'"):
+            DrafterTrainConfig(**{key: value})
+
+
+def test_rl_refuses_activation_checkpointing_with_routing_replay():
+    with pytest.raises(ConfigError, match="r3"):
+        RLConfig.preset("toy", r3=True, activation_checkpointing=True)
+
+
+def test_activation_checkpointing_recomputes_the_same_step(tmp_path):
+    """Checkpointed layers recompute exactly the forward they dropped: same losses, same weights after."""
+    plain = run_pretrain(cfg(tmp_path / "a"), progress=False, resume=False)
+    ckpt = run_pretrain(cfg(tmp_path / "b", activation_checkpointing=True), progress=False, resume=False)
+    assert plain.log["loss"] == pytest.approx(ckpt.log["loss"], rel=1e-6)
+    for p, q in zip(plain.model.parameters(), ckpt.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_checkpointing_keeps_fewer_activations(tmp_path):
+    """The switch does what it is for: fewer bytes saved for backward (measured with saved-tensor hooks)."""
+    t = Trainer(cfg(tmp_path / "m", activation_checkpointing=False))
+    x, y = next(t.loader)
+
+    def saved_bytes(enabled: bool) -> int:
+        from mimo_kit.infra.dist import checkpointed_layers
+
+        seen = {}
+
+        def pack(tensor):
+            seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), checkpointed_layers(t.model, enabled):
+            t._loss(x, y)
+        return sum(seen.values())
+
+    assert saved_bytes(True) < 0.6 * saved_bytes(False)
+
+
+def test_bf16_compute_keeps_fp32_master_weights_and_state(tmp_path):
+    """precision=bf16 (autocast) on the CPU: the matmuls in bf16, parameters and AdamW moments stay fp32."""
+    fp32 = run_pretrain(cfg(tmp_path / "f"), progress=False, resume=False)
+    bf16 = run_pretrain(cfg(tmp_path / "b", precision="bf16"), progress=False, resume=False)
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.float32}
+    states = [v for part in bf16.trainer.opt.parts.values() for s in part.state.values() for v in s.values()
+              if isinstance(v, torch.Tensor) and v.dim() > 0]
+    assert states and {v.dtype for v in states} == {torch.float32}
+    assert bf16.log["loss"][0] == pytest.approx(fp32.log["loss"][0], rel=2e-2)  # bf16 rounding, not a new model
+    assert bf16.log["loss"] != fp32.log["loss"]  # it did compute in bf16
+
+
+def test_torchrun_and_sbatch_read_the_same_yaml(tmp_path, capsys):
+    assert cli.main(["launch", "rl", "--nnodes", "2", "--nproc-per-node", "8", "--dry-run", "--out",
+                     str(tmp_path / "job"), "steps=3"]) == 0
+    printed = capsys.readouterr().out
+    yaml_path = str(tmp_path / "job" / "config.yaml")
+    torchrun = next(line for line in printed.splitlines() if line.startswith("torchrun"))
+    assert "--nnodes=2" in torchrun and "--nproc-per-node=8" in torchrun and "--rdzv-backend=c10d" in torchrun
+    assert f"--config {yaml_path}" in torchrun
+    sbatch = (tmp_path / "job" / "sbatch.sh").read_text()
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
+    assert re.search(rf"srun torchrun .*--config {re.escape(yaml_path)}", sbatch)
+    assert f"--config {yaml_path}" in (tmp_path / "job" / "ray_job.sh").read_text()
+    assert RLConfig.from_yaml(yaml_path).steps == 3  # the YAML is the run's config, overrides applied
+
+
+def test_launcher_refuses_what_it_cannot_run(tmp_path, capsys):
+    assert cli.main(["launch", "scale-knobs", "--nproc-per-node", "2", "--dry-run", "--out", str(tmp_path)]) == 2
+    assert "runs in one process" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="nnodes=0"):
+        prepare("pretrain", PretrainConfig.preset("tiny"), nnodes=0, folder=tmp_path / "x")
+    with pytest.raises(ConfigError, match="nproc_per_node=0"):
+        torchrun_command("rl", RLConfig(), nproc_per_node=0)
+    assert "--nnodes=3" in sbatch_script("rl", "c.yaml", "out", nnodes=3, nproc_per_node=4)
+
+
+def test_run_under_torchrun_refuses_one_process_experiments(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(["run", "scale-knobs", "--out", str(tmp_path)]) == 2
+    assert "runs in one process" in capsys.readouterr().err
+    assert cli.main(["run", "pretrain"]) == 2  # no --out: two processes would pick two folders
+    assert "--out" in capsys.readouterr().err
+
+
+def test_a_world_of_one_needs_no_process_group():
+    d = Dist()
+    x = torch.arange(3.0)
+    assert torch.equal(d.all_reduce_sum(x), x) and d.broadcast_object({"a": 1}) == {"a": 1} and d.is_main
