@@ -19,7 +19,7 @@ SCALING_AXES = {
 #: Report chapters → the kit's notebooks and packages.
 CHAPTERS = [
     {"chapter": "1 Introduction", "notebook": "ch01_introduction", "package": "mimo_kit.intro",
-     "mechanisms": "three scaling axes, presets, config → command → torchrun command line"},
+     "mechanisms": "three scaling axes, presets, config → command → torchrun / sbatch / Ray job, FSDP2 on 2 processes"},
     {"chapter": "2 Architecture", "notebook": "ch02a_architecture", "package": "mimo_kit.model",
      "mechanisms": "hybrid SWA/GA attention with sinks, sigmoid-router MoE, KV cache, parameter counts"},
     {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.spec",
