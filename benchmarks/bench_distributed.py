@@ -11,7 +11,6 @@ shares the cores, so its time says nothing about a GPU node).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import tempfile

@@ -187,10 +187,10 @@ def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int
     for p in procs:
         try:
             codes.append(p.wait(None if deadline is None else max(1.0, deadline - time.monotonic())))
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as err:
             for q in procs:
                 q.kill()
-            raise TimeoutError(f"launch {experiment}: not finished after {timeout} s; logs in {prep.folder}")
+            raise TimeoutError(f"launch {experiment}: not finished after {timeout} s; logs in {prep.folder}") from err
     if any(codes):
         tail = logs[codes.index(next(c for c in codes if c))].read_text()[-3000:]
         raise RuntimeError(f"launch {experiment}: exit codes {codes}; log tail:\n{tail}")

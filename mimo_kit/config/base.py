@@ -2,8 +2,8 @@
 
 Every experiment of the kit is *config + function*: a notebook cell builds ``XConfig.preset("tiny")``, a shell
 runs ``mimo-kit run x --preset tiny key=value``, and the same config gives the ``torchrun`` command line
-(:mod:`mimo_kit.launch`; multi-process training is planned). The config is the single place where scale lives,
-so it is strict:
+(:mod:`mimo_kit.launch`; FSDP2 under torchrun in :mod:`mimo_kit.infra.dist`). The config is the single place
+where scale lives, so it is strict:
 
 - an unknown key names itself and lists the valid keys;
 - a wrong type or an out-of-range value names the field, the value and what was expected;
