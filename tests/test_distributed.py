@@ -92,6 +92,19 @@ def test_two_nodes_meet_through_c10d_rendezvous_on_localhost(tmp_path):
     assert "--rdzv-backend=c10d" in (tmp_path / "job" / "torchrun.sh").read_text()
 
 
+def test_mimo_kit_launch_runs_two_local_processes(tmp_path, capsys):
+    """The command line, without --dry-run: the YAML, then torchrun with 2 processes here, then the result."""
+    from mimo_kit import cli
+
+    assert cli.main(["launch", "pretrain", "--nproc-per-node", "2", "--out", str(tmp_path / "job"), "steps=2",
+                     "eval_every=2", "checkpoint_every=0", "batch=2", "seq_len=32", "corpus_bytes=300000",
+                     f"out_dir={tmp_path / 'run'}", "--timeout", str(TIMEOUT)]) == 0
+    assert f"result → {tmp_path / 'job' / 'result.json'}" in capsys.readouterr().out
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert result["log"]["step"] == [1, 2] and (tmp_path / "run" / "model.safetensors").is_file()
+    assert PretrainConfig.from_yaml(tmp_path / "job" / "config.yaml").steps == 2
+
+
 def test_rl_learner_on_two_processes_equals_one(tmp_path):
     """Rank 0 plays the rollouts on gathered weights, both ranks train: the same steps as one process."""
     cfg = RLConfig.preset("toy", steps=2, prompts=4, eval_tasks=8, sft={"steps": 30}, checkpoint_every=0,

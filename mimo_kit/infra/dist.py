@@ -96,11 +96,13 @@ class Dist:
             dist.barrier()
 
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
-        """Σ over ranks (a copy; the identity in a world of one)."""
-        x = x.detach().clone()
+        """Σ over ranks (a copy on ``x``'s device; the identity in a world of one). NCCL reduces on the GPU, so a
+        CPU tensor makes the round trip through this rank's device."""
+        y = x.detach().clone()
         if self.group:
-            dist.all_reduce(x)
-        return x
+            y = y.to(self.device)
+            dist.all_reduce(y)
+        return y.to(x.device)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` of rank ``src`` on every rank (pickled; for control data, not tensors of weights)."""
