@@ -89,7 +89,14 @@ GROUPED_MM_MIN_ROWS_PER_EXPERT = 2
 
 
 def grouped_matmul(xs: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Rows of ``xs`` grouped by expert (``counts[e]`` rows each) times ``w[e]ᵀ``: [Σ counts, in] → [Σ counts, out]."""
+    """Rows of ``xs`` grouped by expert (``counts[e]`` rows each) times ``w[e]ᵀ``: [Σ counts, in] → [Σ counts, out].
+
+    Autocast does not cover ``torch._grouped_mm``: under bf16 autocast both operands are cast here, so the experts
+    compute in bf16 like every other matmul (fp32 operands would take a slow per-expert path on CUDA)."""
+    device_type = xs.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        xs, w = xs.to(dtype), w.to(dtype)
     if xs.shape[0] >= GROUPED_MM_MIN_ROWS_PER_EXPERT * w.shape[0] and _grouped_mm_ok(xs, w):
         offs = counts.cumsum(0).to(torch.int32)
         try:
