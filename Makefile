@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_spec.py
 	$(BIN)/python benchmarks/bench_rl.py
 	$(BIN)/python benchmarks/bench_rollout.py
+	$(BIN)/python benchmarks/bench_plan.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check mimo_kit tests notebooks benchmarks

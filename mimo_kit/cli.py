@@ -155,6 +155,20 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from mimo_kit.infra.plan import PlanConfig, describe_plan, plan_memory, plan_rows
+    from mimo_kit.nb import markdown_table
+
+    cfg = PlanConfig.preset(args.preset, gpus_per_node=args.gpus_per_node, nodes=args.nodes, fsdp=args.fsdp,
+                            lora=args.lora, lora_rank=args.lora_rank, precision=args.precision,
+                            optimizer=args.optimizer, micro_batch=args.micro_batch, seq_len=args.seq_len,
+                            checkpointing=args.checkpointing, gpu_memory_gib=args.gpu_memory)
+    plan = plan_memory(cfg)
+    print(describe_plan(plan) + "\n")
+    print(markdown_table(plan_rows(plan)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo-kit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,6 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("notebooks", help="re-execute notebooks in place (committed outputs, tiny preset)")
     n.add_argument("--only", help="only notebooks whose name contains this")
     n.set_defaults(fn=cmd_notebooks)
+
+    pl = sub.add_parser("plan", help="GPU memory per item of one training step: does it fit?")
+    pl.add_argument("--preset", default="flash", help="model: tiny, small, flash, pro or qwen3.5-9b (default flash)")
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
+    pl.add_argument("--nodes", type=int, default=1, help="default 1; the world is gpus-per-node × nodes")
+    pl.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimiser state (FSDP)")
+    pl.add_argument("--lora", action="store_true", help="frozen base + LoRA adapters")
+    pl.add_argument("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
+    pl.add_argument("--precision", default="bf16", help="bf16 (bf16 compute, fp32 master and optimiser state; "
+                    "the default) or fp32")
+    pl.add_argument("--optimizer", default="adamw", help="adamw (default) or muown (hidden matrices)")
+    pl.add_argument("--gpu-memory", type=float, default=141.0, help="GiB per GPU (default 141: an H200)")
+    pl.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU (default 1)")
+    pl.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
+    pl.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                    help="activation checkpointing per decoder layer (default on)")
+    pl.set_defaults(fn=cmd_plan)
     return p
 
 

@@ -1,9 +1,11 @@
-"""Infrastructure of chapter 6: rollout engines and partial rollouts (Report §4.1, §6).
+"""Infrastructure of chapter 6: rollout engines, partial rollouts and the memory planner (Report §3, §4.1, §6).
 
 | file | idea |
 |---|---|
 | ``engine`` | the rollout-engine protocol, the in-process engine, abort/resume, teacher-forced logprobs |
 | ``partial`` | the partial-rollout buffer: version stamps, batch cut, resume after re-prefill, staleness expiry |
+| ``plan`` | the memory planner: bytes per GPU of a training step by item, FSDP or LoRA: does it fit? |
+| ``measure`` | the planner's ground truth: a real CPU training step and the bytes of its tensors |
 """
 
 from mimo_kit.infra.engine import (
