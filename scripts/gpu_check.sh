@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# GPU check for one CUDA machine: prints the GPU (nvidia-smi) and the torch / CUDA versions, runs the `gpu` tests
+# (tests/test_gpu.py: the decoder against transformers in fp32 and bf16, pre-training, an RL step, activation
+# checkpointing and FSDP2 on the GPU), then the GPU benchmark (benchmarks/bench_gpu.py, issue shape), which writes
+# benchmarks/RESULTS_gpu.md.
+#
+# Time: about 4 minutes on one H200 (tests ~1.5 min, benchmark ~2 min), never more than 8: every stage runs under
+# `timeout` (tests 150 s, benchmark 240 s with a 180 s measurement budget), plus a few seconds of set-up.
+# Installs nothing when the kit and its test dependencies import; otherwise `pip install -e ".[dev]"` constrained to
+# the torch already installed (torch is never replaced; this path needs the package index and more time). The
+# benchmark runs even when tests fail; the exit status is non-zero when any stage failed.
+#
+#     bash scripts/gpu_check.sh    # from any directory; the interpreter: $PYTHON, else .venv/bin/python, else python3
+set -uo pipefail
+
+cd "$(dirname "$0")/.." || exit 1
+if [[ -n "${PYTHON:-}" ]]; then
+    PY=$PYTHON
+elif [[ -x .venv/bin/python ]]; then
+    PY=.venv/bin/python
+else
+    PY=$(command -v python3 || command -v python) || { echo "FAILED: no python found"; exit 1; }
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's kit, whatever else is installed
+failed=()
+stage() { printf '\n==== %s (%d s elapsed) ====\n' "$1" "$SECONDS"; }
+
+stage "machine"
+echo "python: $PY"
+nvidia-smi || failed+=("nvidia-smi")
+"$PY" - <<'PYEOF'
+import torch
+
+print(f"torch {torch.__version__} · CUDA {torch.version.cuda} · cuDNN {torch.backends.cudnn.version()} · "
+      f"CUDA available: {torch.cuda.is_available()}")
+try:
+    import transformers
+
+    print(f"transformers {transformers.__version__}")
+except ImportError:
+    print("transformers: not installed")
+for i in range(torch.cuda.device_count()):
+    p = torch.cuda.get_device_properties(i)
+    print(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}")
+PYEOF
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "FAILED: torch does not import or sees no CUDA device; nothing to check here"
+    exit 1
+fi
+
+stage "dependencies"
+if "$PY" -c "import mimo_kit, transformers, trl, pytest, hypothesis, scipy" 2>/dev/null; then
+    echo "the kit and its test dependencies import: nothing to install"
+else
+    constraints=$(mktemp)
+    "$PY" -c "import torch; print(f'torch=={torch.__version__}')" >"$constraints"  # keep this torch build
+    echo "installing the kit (pip install -e .[dev], $(cat "$constraints"))"
+    timeout -k 10 300 "$PY" -m pip install -q --disable-pip-version-check -e ".[dev]" -c "$constraints" \
+        || failed+=("pip install (rc $?)")
+    rm -f "$constraints"
+fi
+
+stage "gpu tests"
+per_test=()
+if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+    per_test=(--timeout 90)  # a hung test fails alone instead of taking the whole stage with it
+fi
+timeout -k 10 150 "$PY" -m pytest -m gpu -q --continue-on-collection-errors ${per_test[@]+"${per_test[@]}"} tests \
+    || failed+=("gpu tests (rc $?)")
+
+stage "benchmark"
+timeout -k 10 240 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 180 \
+    --out benchmarks/RESULTS_gpu.md || failed+=("benchmark (rc $?)")
+
+stage "summary"
+if ((${#failed[@]})); then
+    printf 'FAILED: %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "all GPU checks passed; results in benchmarks/RESULTS_gpu.md"

@@ -1,0 +1,99 @@
+"""benchmarks/bench_gpu.py on the CPU: its FLOP count, and a smoke run of the whole script (tiny shape)."""
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mimo_kit.model.config import FULL, MiMoConfig
+from mimo_kit.model.params import count_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "bench_gpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # dataclasses resolve the module's annotations through sys.modules
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("bench_gpu", None)
+
+
+def test_attention_pairs_count_the_causal_half_and_the_band(bench):
+    for T in (1, 5, 16, 17, 100):
+        assert bench.attention_pairs(T) == sum(i + 1 for i in range(T))  # GA: query i sees keys 0..i
+        for W in (1, 4, 16, 128):
+            assert bench.attention_pairs(T, W) == sum(min(i + 1, W) for i in range(T))  # SWA: the W most recent
+
+
+def test_flops_follow_the_docstring_formula(bench):
+    cfg = MiMoConfig.preset("tiny", **bench.ISSUE_MODEL)
+    c = count_parameters(cfg)
+    assert round(c["total"] / 1e9, 2) == 3.62 and round(c["active"] / 1e9, 2) == 0.71  # the issue's shape
+    n = bench.matmul_params(cfg)
+    sinks = cfg.num_attention_heads * sum(t != FULL for t in cfg.layer_types)
+    assert n["head"] == cfg.vocab_size * cfg.hidden_size
+    assert n["body"] + n["head"] == c["active"] - c["embeddings"] - c["norms"] - sinks
+    T = 4096
+    per_pair = 2 * 32 * (64 + 64)
+    attn = per_pair * (3 * T * (T + 1) // 2 + 9 * (128 * 129 // 2 + (T - 128) * 128))  # 3 GA, 9 SWA layers
+    fwd = bench.forward_flops(cfg, T)
+    assert fwd["attention"] == attn and fwd["matmul"] == 2 * (n["body"] + n["head"]) * T
+    assert bench.train_flops(cfg, T)["total"] == 3 * fwd["total"]  # 6·N·T + 3·attention
+    pre = bench.forward_flops(cfg, T, logits=1)  # a prefill's LM head runs on the last position only
+    assert pre["matmul"] == 2 * n["body"] * T + 2 * n["head"]
+    assert 15e12 < bench.train_flops(cfg, T)["total"] < 18e12  # ≈ 6 · 0.64B · 4096 + 0.6 TFLOP of attention
+
+
+def parse_table(text: str) -> dict[str, dict[str, str]]:
+    """The first markdown table of ``text``: rows by their first cell."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[2:]:
+        if line.startswith("|---"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells[0] == head[0]:  # the next table's header
+            break
+        rows[cells[0]] = dict(zip(head, cells))
+    return rows
+
+
+def number(cell: str) -> float:
+    return float(cell.replace(",", "").rstrip("%"))
+
+
+@pytest.mark.slow
+def test_cpu_smoke_run_writes_the_table(tmp_path):
+    """The whole script on the tiny shape, as ``scripts/gpu_check.sh`` runs it on a GPU (~30 s on 2 cores)."""
+    out = tmp_path / "RESULTS_gpu.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--shape", "tiny", "--out", str(out)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    text = out.read_text()
+    assert "torch " in text and "CUDA none" in text and "6·(N + N_head)·T + 3·attn" in text
+    rows = parse_table(text)
+    expected = ["matmul bf16 256³", "matmul bf16 512³", "train 128 tok (fwd+bwd+AdamW)", "prefill 512 tok",
+                "train 128 tok, experts cast to bf16", "prefill 128 tok, kit", "prefill 128 tok, transformers eager"]
+    assert list(rows) == expected
+    for name, row in rows.items():
+        assert not row["note"].startswith(("error", "skipped")), (name, row["note"])
+        cols = ["TFLOP / iter", "ms / iter", "TFLOP/s", "MFU (790 TFLOP/s)"]
+        if not name.startswith("matmul"):
+            cols += ["tokens/s", "MFU (measured peak)"]
+        for col in cols:
+            v = number(row[col])
+            assert math.isfinite(v) and v > 0, (name, col, row[col])
+    assert "kit is" in rows["prefill 128 tok, transformers eager"]["note"]
+    assert "float32" in text  # the autocast probe: on the CPU too the experts' grouped GEMMs stay fp32
