@@ -88,7 +88,8 @@ def main() -> None:
         f"`python benchmarks/bench_distributed.py` on {platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, {time.strftime('%Y-%m-%d')}. Largest relative difference over the run; "
         "target ≤ 1e-5 for the losses. The PPO loss crosses zero (its mean advantage is ~0), where a relative "
-        "difference is ill-conditioned; its absolute difference is the column to read. Rollouts are played by rank 0 on gathered weights, so the RL runs sample "
+        "difference is ill-conditioned; its absolute difference is the column to read. Rollouts are played by "
+        "rank 0 on gathered weights, so the RL runs sample "
         "the same tokens as long as the weights agree to float rounding.",
         "",
         markdown_table(rows),

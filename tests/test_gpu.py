@@ -142,7 +142,7 @@ def test_pretraining_on_cuda_in_bf16_keeps_fp32_master_weights(tmp_path):
     states = [v for opt in result.trainer.opt.parts.values() for st in opt.state.values() for v in st.values()
               if torch.is_tensor(v) and v.is_floating_point() and v.dim() > 0]
     assert states and all(v.dtype == torch.float32 and v.device.type == DEV.type for v in states)  # Adam moments
-    assert (tmp_path / "checkpoints" / "step-000006.pt").is_file() and (tmp_path / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoints" / "step-000006" / "trainer.pt").is_file() and (tmp_path / "model.safetensors").is_file()
 
 
 def test_rl_step_on_cuda(tmp_path):
