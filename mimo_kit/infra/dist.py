@@ -118,12 +118,14 @@ def world_from_env() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
-def init_distributed(device: str = "auto", fsdp: str = "auto", timeout_s: float = 600.0) -> Dist:
+def init_distributed(device: str = "auto", fsdp: str = "auto", timeout_s: float = 1800.0) -> Dist:
     """Join the job ``torchrun`` started (or make a world of one) and pick this rank's device.
 
     On CUDA each rank takes GPU ``LOCAL_RANK``; the backend is NCCL on CUDA and gloo on the CPU. ``fsdp="on"`` in
     a world of one opens a one-process group (FSDP2 needs one), on a free 127.0.0.1 port when ``torchrun`` did not
     set a rendezvous. An already open group is reused (a notebook that runs two loops in one process).
+    ``timeout_s``: how long a collective waits for the slowest rank before the job fails (torch's default is 10
+    minutes for gloo; the RL learner waits out rank 0's rollouts, so it passes its own, longer one).
     """
     rank, world, local = world_from_env()
     dev = resolve_device(device)

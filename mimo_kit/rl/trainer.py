@@ -181,6 +181,9 @@ class RLConfig(Config):
                           "state stay fp32 (Report §3)")
     activation_checkpointing: bool = knob(False, "recompute each layer in the backward (memory of one layer)")
     fsdp: str = knob("auto", "FSDP2 for the learner: auto = shard when torchrun starts > 1 process; on; off")
+    collective_timeout_s: float = knob(
+        7200.0, "the learner ranks wait in a broadcast while rank 0 plays a step's rollouts: allow two hours",
+        min=1.0)
 
     PRESETS = {"tiny": {"policy": {"hidden_size": 128}, "sft": {"steps": 250}},
                "small": {"steps": 60, "prompts": 16, "eval_tasks": 32},
@@ -600,7 +603,7 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
 
 #: fields a resumed run may change: they do not alter what the first steps computed
 RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads", "device", "precision",
-             "activation_checkpointing", "fsdp")
+             "activation_checkpointing", "fsdp", "collective_timeout_s")
 
 
 def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
@@ -619,7 +622,7 @@ def run_rl(cfg: RLConfig) -> dict:
     Under torchrun every rank calls it: the learner shards, rank 0 plays the rollouts and writes the run folder
     (the other ranks return the same summary without the history)."""
     out = Path(cfg.out_dir)
-    d = init_distributed(cfg.device, cfg.fsdp)
+    d = init_distributed(cfg.device, cfg.fsdp, timeout_s=cfg.collective_timeout_s)
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
