@@ -116,3 +116,15 @@ def no_near_ties():
         return greedy, router
 
     return check
+
+
+@pytest.fixture(scope="module")
+def fresh_cache(tmp_path_factory):
+    """A module-private kit cache (``MIMO_KIT_CACHE``): tokenizers trained once for the module, none shared."""
+    old = os.environ.get("MIMO_KIT_CACHE")
+    os.environ["MIMO_KIT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        os.environ.pop("MIMO_KIT_CACHE")
+    else:
+        os.environ["MIMO_KIT_CACHE"] = old

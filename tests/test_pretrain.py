@@ -13,16 +13,7 @@ from mimo_kit.pretrain import PackedLoader, PretrainConfig, latest_checkpoint, l
 
 CORPUS = 300_000
 
-
-@pytest.fixture(scope="module", autouse=True)
-def cache(tmp_path_factory):
-    old = os.environ.get("MIMO_KIT_CACHE")
-    os.environ["MIMO_KIT_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    yield
-    if old is None:
-        os.environ.pop("MIMO_KIT_CACHE")
-    else:
-        os.environ["MIMO_KIT_CACHE"] = old
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def small(out, **kw) -> PretrainConfig:

@@ -80,12 +80,16 @@ class Trainer:
         self.dist = dist or init_distributed(cfg.device, cfg.fsdp)
         self.device = self.dist.device
         self.dtype = resolve_precision(cfg.precision, self.device)
+        if not self.dist.is_main:
+            self.dist.barrier()  # rank 0 trains and caches the tokenizer and token streams; the others then read them
         self.tokenizer = tokenizer or load_tokenizer(cfg.model.vocab_size, cfg.corpus_bytes,
                                                      val_fraction=cfg.val_fraction,
                                                      min_frequency=cfg.tokenizer_min_frequency)
         if len(self.tokenizer) != cfg.model.vocab_size:
             raise ValueError(f"tokenizer has {len(self.tokenizer)} entries, model.vocab_size={cfg.model.vocab_size}")
         self.streams = streams or token_streams(self.tokenizer, cfg.corpus_bytes, cfg.val_fraction)
+        if self.dist.is_main:
+            self.dist.barrier()
         torch.manual_seed(cfg.seed)
         self.model = MiMoForCausalLM(cfg.model).to(self.device)  # fp32 master weights on every device
         self.sharded = uses_fsdp(self.dist, cfg.fsdp)
