@@ -11,10 +11,7 @@ Sub-benchmarks, in order (each one's failure, e.g. an OOM, is a row of the table
    backward, grad clip, AdamW step on fp32 master weights (the pre-training loop's ``build_optimizer``).
 3. **prefill**: forward without grad of ``prefill_tokens`` tokens, weights in bf16 (router fp32), logits of the last
    position only, as a server prefills.
-4. **train, bf16 experts**: step 2 with the experts' grouped GEMMs cast to the autocast dtype. The kit's experts
-   call ``torch._grouped_mm``, which autocast does not cover: with fp32 master weights they multiply in fp32 (the
-   report's last lines say which precision this machine used). This row measures what the cast would gain.
-5. **kit vs transformers**: prefill of ``compare_tokens`` tokens by the kit and by transformers'
+4. **kit vs transformers**: prefill of ``compare_tokens`` tokens by the kit and by transformers'
    ``MiMoV2FlashForCausalLM`` (eager attention: the only one it offers this model, for the sinks) on the same bf16
    weights (shared tensors, no copy); the note gives the speed ratio and how far the two models' logits differ.
 
@@ -42,7 +39,6 @@ cannot start in time is recorded as skipped, and timed loops stop early (at leas
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime
 import gc
@@ -225,30 +221,10 @@ def token_ids(cfg: MiMoConfig, n: int, device: torch.device, seed: int) -> torch
 
 
 # ---- the experts under autocast -------------------------------------------------------------------------------
-@contextlib.contextmanager
-def experts_in_autocast_dtype():
-    """Cast the experts' grouped GEMM operands to the autocast dtype while autocast is on (what autocast does for
-    ``nn.Linear``; ``torch._grouped_mm`` is not on its list). Gradients still reach the fp32 master weights."""
-    from mimo_kit.model import moe
-
-    original = moe.grouped_matmul
-
-    def cast(xs: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        if torch.is_autocast_enabled(xs.device.type):
-            dt = torch.get_autocast_dtype(xs.device.type)
-            return original(xs.to(dt), w.to(dt), counts)
-        return original(xs, w, counts)
-
-    moe.grouped_matmul = cast  # Experts.forward looks the name up at call time
-    try:
-        yield
-    finally:
-        moe.grouped_matmul = original
-
-
 def expert_gemm_precision(device: torch.device) -> str:
     """Which precision the kit's expert GEMMs run at under bf16 autocast with fp32 weights, read off the result:
-    equal to the fp32 product (≲ 1e-6 relative) or off by bf16 rounding (~1e-3)."""
+    equal to the fp32 product (≲ 1e-6 relative) or off by bf16 rounding (~1e-3). ``torch._grouped_mm`` is not on
+    autocast's list, so :func:`mimo_kit.model.moe.grouped_matmul` casts its operands itself: bf16 is expected."""
     from mimo_kit.model.moe import grouped_matmul
 
     g = torch.Generator().manual_seed(0)
@@ -279,7 +255,7 @@ def bench_matmul(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> l
     return rows
 
 
-def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget, bf16_experts: bool = False) -> Row:
+def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> Row:
     T = cfg.train_tokens
     model = build_model(cfg.model, device, seed=cfg.seed).train()  # fp32 master weights
     opt = build_optimizer(model, OptimConfig())  # AdamW on every group, the pre-training loop's set
@@ -296,8 +272,7 @@ def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget, bf16_
         opt.zero_grad()
         losses.append(loss.detach())
 
-    with experts_in_autocast_dtype() if bf16_experts else contextlib.nullcontext():
-        times = timed(step, device, budget, warmup=cfg.warmup, repeats=cfg.repeats)
+    times = timed(step, device, budget, warmup=cfg.warmup, repeats=cfg.repeats)
     first, last = float(losses[0]), float(losses[-1])
     if not all(math.isfinite(float(v)) for v in losses):
         raise FloatingPointError(f"non-finite training loss: {[float(v) for v in losses]}")
@@ -385,9 +360,6 @@ def run(cfg: BenchGPUConfig, device: torch.device, budget_s: float, compare: boo
                         need_s=20.0))
     progress("prefill")
     rows.append(guarded(f"prefill {P} tok", lambda: bench_prefill(cfg, device, budget), device, budget, need_s=10.0))
-    progress("train step, bf16 experts")
-    rows.append(guarded(f"train {T} tok, experts cast to bf16", lambda: bench_train(cfg, device, budget, True),
-                        device, budget, need_s=20.0))
     if compare:
         progress("kit vs transformers")
         out = guarded(f"prefill {C} tok, kit vs transformers", lambda: bench_compare(cfg, device, budget), device,
@@ -483,8 +455,7 @@ def report(cfg: BenchGPUConfig, shape: str, result: dict, device: torch.device, 
         "",
         table(result),
         "",
-        f"Expert GEMMs under bf16 autocast with fp32 weights ran in {result['precision']}; the "
-        "`experts cast to bf16` row casts them.",
+        f"Expert GEMMs under bf16 autocast with fp32 weights ran in {result['precision']}.",
         "",
         "FLOPs per iteration (model FLOPs: GA counted as the causal half T(T+1)/2, SWA as its band; formula in "
         "`benchmarks/bench_gpu.py`):",
