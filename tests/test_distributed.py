@@ -29,8 +29,9 @@ def pretrain_cfg(out, **kw) -> PretrainConfig:
     return PretrainConfig.preset("tiny", **{**args, **kw})
 
 
-def close(a: list[float], b: list[float], rtol: float) -> bool:
-    return len(a) == len(b) and all(abs(x - y) <= rtol * max(abs(y), 1e-12) for x, y in zip(a, b))
+def close(a: list[float], b: list[float], rtol: float, atol: float = 0.0) -> bool:
+    """Elementwise |a − b| ≤ rtol·|b| + atol (atol for quantities that cross zero, as a PPO loss does)."""
+    return len(a) == len(b) and all(abs(x - y) <= rtol * abs(y) + atol for x, y in zip(a, b))
 
 
 @pytest.fixture(scope="module")
@@ -111,11 +112,27 @@ def test_rl_learner_on_two_processes_equals_one(tmp_path):
                           progress=False, out_dir=str(tmp_path / "two"))
     two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
     one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
-    for key in ("loss", "entropy"):
-        assert close([h[key] for h in two["history"]], [h[key] for h in one["history"]], 1e-5), key
+    for key in ("loss", "entropy"):  # the PPO loss averages advantages of mean ~0: an absolute floor too
+        assert close([h[key] for h in two["history"]], [h[key] for h in one["history"]], 1e-5, 1e-7), key
     for key in ("trained_tokens", "pass_rate", "groups_trained"):
         assert [h[key] for h in two["history"]] == [h[key] for h in one["history"]], key
     assert close([h["grad_norm"] for h in two["history"]], [h["grad_norm"] for h in one["history"]], 1e-3)
+
+
+def test_rl_checkpoint_from_two_processes_continues_on_one(tmp_path):
+    """A sharded RL checkpoint (learner shards, rank 0's RNGs, controller, sampler) resumes in one process."""
+    cfg = RLConfig.preset("toy", steps=2, prompts=4, eval_tasks=0, sft={"steps": 30}, checkpoint_every=1,
+                          progress=False, out_dir=str(tmp_path / "run"))
+    launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)
+    assert (tmp_path / "run" / "checkpoint" / "weights" / ".metadata").is_file()
+    resumed = run_rl(cfg.override({"steps": 3}))  # one process: loads the 2-process checkpoint at step 2
+    # the same history in one process all along: 2 steps, then the same continuation (the task pool is sized by
+    # the steps of the call, so a continued run is compared with a continued run)
+    run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
+    whole = run_rl(cfg.override({"steps": 3, "out_dir": str(tmp_path / "one")}))
+    assert [h["step"] for h in resumed["history"]] == [1, 2, 3]
+    assert [h["trained_tokens"] for h in resumed["history"]] == [h["trained_tokens"] for h in whole["history"]]
+    assert close([h["loss"] for h in resumed["history"]], [h["loss"] for h in whole["history"]], 1e-4, 1e-6)
 
 
 MUOWN_SCRIPT = textwrap.dedent("""
