@@ -336,3 +336,104 @@ def test_routed_experts_replay_reproduces_logprobs(no_near_ties):
         no_near_ties(model, torch.tensor([p + o.token_ids[:-1]]))
         assert torch.equal(rec.indices, replay)
         assert not torch.allclose(free, replayed)
+
+
+# ---- mimo-kit serve / SGLangEngine specifics (the server process above) ---------------------------------------
+@pytest.mark.slow
+def test_serve_bad_requests_get_sglang_errors(kit_server):
+    """Bad requests get SGLang's 400 bodies, never a 500 or a dropped connection; the server keeps serving."""
+    import requests
+
+    url = kit_server + "/generate"
+    r = requests.post(url, data="{not json", headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400 and r.json()["code"] == 400 and "JSON" in r.json()["message"]
+    cases = [({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
+             ({"input_ids": [1, V + 5]}, "vocabulary"),
+             ({"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, "top_p"),
+             ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "top_k"),
+             ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "temperature"),
+             ({"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 1.0}}, "not supported"),
+             ({"input_ids": "abc"}, "input_ids"), ({"text": "hello"}, "token-in")]
+    for body, word in cases:
+        r = requests.post(url, json=body, timeout=10)
+        assert r.status_code == 400 and word in r.json()["error"]["message"], (body, r.text)
+    r = requests.post(kit_server + "/update_weights_from_disk", json={"model_path": "/nonexistent"}, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False
+    r = requests.post(kit_server + "/pause_generation", json={"mode": "sideways"}, timeout=10)
+    assert r.status_code == 400
+    assert requests.post(url, json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+                         timeout=10).status_code == 200
+
+
+@pytest.mark.slow
+def test_serve_abort_one_request_in_flight(kit_server):
+    """``/abort_request`` by rid cuts that request mid-decode; it comes back with "abort" and its tokens so far."""
+    from mimo_kit.infra.sglang import SGLangEngine
+
+    eng = remote_engine_at(kit_server)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("cut-me", [1, 2], 400)])))
+    start = progress(eng)
+    th.start()
+    while progress(eng) == start and th.is_alive():
+        time.sleep(0.001)
+    eng.abort_request("cut-me")
+    th.join(30)
+    o = result["out"][0]
+    assert o.finish_reason == "abort" and 0 < len(o.token_ids) < 400 and len(o.logprobs) == len(o.token_ids)
+    with pytest.raises(Exception, match=r"http://127\.0\.0\.1:9/get_model_info"):
+        SGLangEngine("http://127.0.0.1:9", timeout=2)  # nothing listens on port 9: the error names the URL
+
+
+@pytest.mark.slow
+def test_serve_pause_in_place_holds_and_continues(kit_server):
+    """``/pause_generation`` in_place holds the decode loop; ``/continue_generation`` finishes the request."""
+    eng = remote_engine_at(kit_server)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("p", [3, 4], 200)])))
+    start = progress(eng)
+    th.start()
+    while progress(eng) == start and th.is_alive():
+        time.sleep(0.001)
+    eng.pause_generation("in_place")
+    time.sleep(0.05)
+    held = progress(eng)
+    time.sleep(0.2)
+    assert progress(eng) - held <= 1 and th.is_alive()  # at most the step in progress finished
+    eng.continue_generation()
+    th.join(30)
+    assert result["out"][0].finish_reason == "length" and len(result["out"][0].token_ids) == 200
+
+
+@pytest.mark.slow
+def test_serve_routed_experts_follow_sglang_layout(kit_server, no_near_ties):
+    """R3 over HTTP: SGLang's rows cover prompt + generated − 1 tokens; the client pads the last with −1."""
+    model = kit_model(0)
+    eng = remote_engine_at(kit_server, model)
+    o = eng.generate([req("r", [1, 2, 3, 4], 6, temperature=0.0, return_routed_experts=True)])[0]
+    routed = torch.tensor(o.routed_experts)  # [T + n, layers, k]
+    assert routed.shape == (4 + 6, len(model.moe_layers()), model.config.num_experts_per_tok)
+    assert (routed[-1] == -1).all()
+    ids = torch.tensor([[1, 2, 3, 4] + o.token_ids[:-1]])
+    no_near_ties(model, ids)
+    with torch.no_grad(), model.capture_routing() as rec:
+        model(ids)
+    assert torch.equal(rec.indices.permute(1, 0, 2), routed[:-1].long())
+
+
+def remote_engine_at(url, model=None):
+    _SERVER["url"] = url
+    return remote_engine(model if model is not None else kit_model(0))
+
+
+def test_serve_refuses_non_loopback_hosts(capsys):
+    from mimo_kit.cli import main
+    from mimo_kit.infra.serve import check_host
+
+    assert check_host("127.0.0.1") == "127.0.0.1" and check_host("::1") == "::1"
+    for host in ("0.0.0.0", "192.168.1.10", "example.org"):
+        with pytest.raises(ValueError, match="--allow-remote"):
+            check_host(host)
+    assert check_host("0.0.0.0", allow_remote=True) == "0.0.0.0"
+    assert main(["serve", "--random-kit", "--host", "0.0.0.0"]) == 2  # refused before any model is built
+    assert "--allow-remote" in capsys.readouterr().err

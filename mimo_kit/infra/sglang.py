@@ -107,6 +107,8 @@ def topp_from_top_logprobs(top: Sequence[tuple[float, int]], *, top_p: float, to
             return kept, False
         kept.append(ids[i])
         before += probs[i]
+    if before >= top_p * z_hi:  # the mass of the K tokens reaches top_p: any further token is dropped
+        return kept, True
     return kept, complete
 
 
