@@ -7,6 +7,7 @@
     mimo-kit list                                    # registered experiments
     mimo-kit presets                                 # the scale knobs
     mimo-kit env-check                               # OK/FAIL per dependency
+    mimo-kit serve --model runs/pretrain/X --port 30000   # the in-process engine behind SGLang's native API
 """
 
 from __future__ import annotations
@@ -169,6 +170,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import torch
+
+    from mimo_kit.infra.serve import check_host, load_model, serve, tiny_kit_model
+
+    try:
+        check_host(args.host, args.allow_remote)
+    except ValueError as e:
+        print(f"mimo-kit: error: {e}", file=sys.stderr)
+        return 2
+    if (args.model is None) == (not args.random_kit):
+        print("mimo-kit: error: serve needs exactly one of --model FOLDER and --random-kit", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model = tiny_kit_model(args.vocab_size, args.seed) if args.random_kit else load_model(args.model)
+    serve(model, host=args.host, port=args.port, allow_remote=args.allow_remote, model_path=args.model,
+          seed=args.seed)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mimo-kit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -237,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
                     help="activation checkpointing per decoder layer (default on)")
     pl.set_defaults(fn=cmd_plan)
+
+    sv = sub.add_parser("serve", help="the in-process engine behind SGLang's native HTTP API (/generate, ...)")
+    sv.add_argument("--model", help="a kit run folder (config.yaml + model.safetensors) or a transformers "
+                    "checkpoint folder (config.json + *.safetensors)")
+    sv.add_argument("--random-kit", action="store_true", help="a tiny random kit decoder instead (tests)")
+    sv.add_argument("--vocab-size", type=int, default=40, help="vocabulary of --random-kit (default 40)")
+    sv.add_argument("--seed", type=int, default=0, help="weights of --random-kit and the sampling stream")
+    sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; other addresses need --allow-remote")
+    sv.add_argument("--port", type=int, default=30000, help="default 30000 (SGLang's)")
+    sv.add_argument("--allow-remote", action="store_true", help="bind a non-loopback address (no authentication!)")
+    sv.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    sv.set_defaults(fn=cmd_serve)
     return p
 
 

@@ -1,10 +1,18 @@
 """The rollout-engine contract (Report §6): every engine passes these; parametrised over engine factories.
 
-A SGLang engine joins by adding a factory to ``ENGINES`` (it would skip where no server runs).
+``ENGINES`` maps a name to (model factory, engine factory). ``serve`` is :class:`SGLangEngine`, the SGLang
+native-API client, driving ``mimo-kit serve`` in a separate process on 127.0.0.1: the engine gets the test's
+model through ``/update_weights_from_disk`` (a remote engine holds its own weights by construction).
 """
 
+import json
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,12 +58,106 @@ def hf_lora_model(seed=0):
     return model.eval()
 
 
-ENGINES = {"kit": kit_model, "hf": hf_model, "hf-lora": hf_lora_model}
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-@pytest.fixture(params=sorted(ENGINES))
+def save_kit_checkpoint(model, folder: Path) -> Path:
+    """The kit decoder as a transformers checkpoint folder (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    from mimo_kit.model.hf import to_hf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(to_hf(model.config).to_dict()))
+    save_file({k: v.detach().contiguous().clone() for k, v in model.state_dict().items()},
+              str(folder / "model.safetensors"))
+    return folder
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    import requests
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"mimo-kit serve exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
+        try:
+            if requests.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"mimo-kit serve at {url} not healthy after {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def kit_server(tmp_path_factory):
+    """``mimo-kit serve`` as a real process on a free loopback port, serving a kit-format checkpoint."""
+    folder = save_kit_checkpoint(kit_model(0), tmp_path_factory.mktemp("served"))
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--model", str(folder), "--port",
+                             str(port), "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+_SERVER: dict = {}
+
+
+def remote_engine(model, seed=None):
+    """SGLangEngine on ``mimo-kit serve`` holding ``model``'s weights at version 0."""
+    from mimo_kit.infra.sglang import SGLangEngine
+
+    eng = SGLangEngine(_SERVER["url"], seed=seed, timeout=60)
+    eng.policy_version = 0  # each test starts the served weights over at version 0
+    eng.update_weights(model.state_dict(), version=0)  # → POST /update_weights_from_disk, weight_version "0"
+    return eng
+
+
+def in_process(model, seed=0):
+    return InProcessEngine(model, seed=seed)
+
+
+ENGINES = {"kit": (kit_model, in_process), "hf": (hf_model, in_process), "hf-lora": (hf_lora_model, in_process),
+           "serve": (kit_model, remote_engine)}
+
+
+@pytest.fixture(params=[pytest.param(n, marks=pytest.mark.slow) if n == "serve" else n for n in sorted(ENGINES)])
 def factory(request):
-    return request.param, ENGINES[request.param]
+    if request.param == "serve":
+        _SERVER["url"] = request.getfixturevalue("kit_server")
+    make, engine = ENGINES[request.param]
+    return request.param, make, engine
+
+
+def progress(eng) -> int:
+    """Tokens generated so far: the engine's counter, or ``mimo-kit serve``'s (``/get_server_info``, a kit field)."""
+    if hasattr(eng, "tokens_generated"):
+        return eng.tokens_generated
+    import requests
+
+    return requests.get(eng.url + "/get_server_info", timeout=10).json()["tokens_generated"]
+
+
+def _step_logsoftmax(model, ids) -> torch.Tensor:
+    """log softmax(z) [V] of the next token after ``ids`` (T = 1), one full forward."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        logits = model(x).logits if isinstance(model, MiMoForCausalLM) else model(input_ids=x).logits
+    return logits[0, -1].float().log_softmax(-1)
 
 
 def req(rid, prompt, n=8, **kw):
@@ -63,8 +165,8 @@ def req(rid, prompt, n=8, **kw):
 
 
 def test_protocol_and_fields(factory):
-    _, make = factory
-    eng = InProcessEngine(make(), seed=1)
+    _, make, engine = factory
+    eng = engine(make(), seed=1)
     assert isinstance(eng, RolloutEngine)
     outs = eng.generate([req("a", [1, 2, 3], 6), req("b", [4, 5], 4, temperature=0.7)])
     assert [o.request_id for o in outs] == ["a", "b"]
@@ -76,9 +178,9 @@ def test_protocol_and_fields(factory):
 
 def test_logprobs_match_teacher_forcing(factory):
     """The engine's rollout logprobs equal a fresh full forward of prompt + tokens (no cache drift)."""
-    _, make = factory
+    _, make, engine = factory
     model = make()
-    eng = InProcessEngine(model, seed=3)
+    eng = engine(model, seed=3)
     for T in (0.0, 1.0, 0.7):
         o = eng.generate([req("a", [3, 1, 4, 1, 5], 10, temperature=T)])[0]
         ref = teacher_forced_logprobs(model, [3, 1, 4, 1, 5], o.token_ids, temperature=T if T else 1.0)
@@ -86,14 +188,15 @@ def test_logprobs_match_teacher_forcing(factory):
 
 
 def test_stop_tokens_and_greedy_batch_invariance(factory, no_near_ties):
-    _, make = factory
-    eng = InProcessEngine(make())
+    _, make, engine = factory
+    model = make()
+    eng = engine(model)
     prompts = [[1, 2, 3], [7, 8], [1, 2, 3], [9, 9, 9, 9]]
     together = eng.generate([req(str(i), p, 7, temperature=0.0) for i, p in enumerate(prompts)])
     alone = [eng.generate([req(str(i), p, 7, temperature=0.0)])[0] for i, p in enumerate(prompts)]
     # a batch and a single row round differently; without near ties their greedy tokens are equal
     for p, o in zip(prompts, alone):
-        no_near_ties(eng.model, torch.tensor([p + o.token_ids[:-1]]), greedy_from=len(p) - 1)
+        no_near_ties(model, torch.tensor([p + o.token_ids[:-1]]), greedy_from=len(p) - 1)
     assert [o.token_ids for o in together] == [o.token_ids for o in alone]
     assert together[0].token_ids == together[2].token_ids
     stop = together[0].token_ids[2]
@@ -102,21 +205,27 @@ def test_stop_tokens_and_greedy_batch_invariance(factory, no_near_ties):
 
 
 def test_seeded_sampling_is_reproducible(factory):
-    _, make = factory
+    _, make, engine = factory
     m = make()
-    a = InProcessEngine(m, seed=5).generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
-    eng = InProcessEngine(m, seed=5)
+    a = engine(m, seed=5).generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    eng = engine(m, seed=5)
+    if not hasattr(eng, "rng_state"):  # a remote engine: seeds travel per request (sampling_seed), no stream
+        b = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+        assert [o.token_ids for o in a] == [o.token_ids for o in b]
+        assert a[0].token_ids != a[1].token_ids  # per-request seeds differ: a group's rollouts are not copies
+        return
     state = eng.rng_state()
     b = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
     eng.set_rng_state(state)
     c = eng.generate([req("a", [1, 2], 12), req("b", [1, 2], 12)])
+    assert a[0].token_ids != a[1].token_ids
     # the same calls on the same weights and random stream: equal bit for bit
     assert [o.token_ids for o in a] == [o.token_ids for o in b] == [o.token_ids for o in c]
 
 
 def test_update_weights_and_version_stamp(factory):
-    _, make = factory
-    eng = InProcessEngine(make(0))
+    _, make, engine = factory
+    eng = engine(make(0))
     before = eng.generate([req("a", [1, 2, 3], 6, temperature=0.0)])[0]
     new = make(1)
     eng.update_weights(new.state_dict(), version=3)
@@ -132,9 +241,9 @@ def test_update_weights_and_version_stamp(factory):
 
 def test_engine_keeps_its_own_weights(factory):
     """Training the policy in place must not change the engine until update_weights (staleness is real)."""
-    _, make = factory
+    _, make, engine = factory
     model = make()
-    eng = InProcessEngine(model)
+    eng = engine(model)
     a = eng.generate([req("a", [1, 2], 5, temperature=0.0)])[0]
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -146,13 +255,14 @@ def test_engine_keeps_its_own_weights(factory):
 
 def test_abort_and_resume(factory):
     """abort() from another thread cuts the request; the continuation re-prefills and finishes the budget."""
-    _, make = factory
-    eng = InProcessEngine(make(), seed=2)
+    name, make, engine = factory
+    eng = engine(make(), seed=2)
     r = req("a", [1, 2, 3], 120, temperature=1.0)
     result = {}
     th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([r])))
+    start = progress(eng)
     th.start()
-    while eng.tokens_generated == 0 and th.is_alive():
+    while progress(eng) == start and th.is_alive():
         time.sleep(0.0005)
     eng.abort()
     th.join()
@@ -169,12 +279,20 @@ def test_abort_and_resume(factory):
 
 
 def test_candidates_contain_sampled_token(factory):
-    _, make = factory
-    eng = InProcessEngine(make(), seed=4)
+    _, make, engine = factory
+    model = make()
+    eng = engine(model, seed=4)
     o = eng.generate([req("a", [1, 2], 10, temperature=1.0, top_p=0.8, return_candidates=True)])[0]
     assert len(o.candidates) == 10
     for t, c in zip(o.token_ids, o.candidates):
         assert t in c and len(c) < V
+    # the reported logprob is log π(a | a ∈ C) = log π(a) − log π(C) (Report §6.1)
+    full = teacher_forced_logprobs(model, [1, 2], o.token_ids)
+    for j, c in enumerate(o.candidates):
+        if o.candidates_truncated and o.candidates_truncated[j]:
+            continue  # approximate set: the renormalisation is approximate too
+        lsm = _step_logsoftmax(model, [1, 2] + o.token_ids[:j])
+        assert abs(o.logprobs[j] - (float(full[j]) - float(lsm[c].logsumexp(0)))) < 2e-4
 
 
 def test_bad_requests_raise():
@@ -218,3 +336,104 @@ def test_routed_experts_replay_reproduces_logprobs(no_near_ties):
         no_near_ties(model, torch.tensor([p + o.token_ids[:-1]]))
         assert torch.equal(rec.indices, replay)
         assert not torch.allclose(free, replayed)
+
+
+# ---- mimo-kit serve / SGLangEngine specifics (the server process above) ---------------------------------------
+@pytest.mark.slow
+def test_serve_bad_requests_get_sglang_errors(kit_server):
+    """Bad requests get SGLang's 400 bodies, never a 500 or a dropped connection; the server keeps serving."""
+    import requests
+
+    url = kit_server + "/generate"
+    r = requests.post(url, data="{not json", headers={"content-type": "application/json"}, timeout=10)
+    assert r.status_code == 400 and r.json()["code"] == 400 and "JSON" in r.json()["message"]
+    cases = [({"sampling_params": {"max_new_tokens": 2}}, "input_ids"),
+             ({"input_ids": [1, V + 5]}, "vocabulary"),
+             ({"input_ids": [1, 2], "sampling_params": {"top_p": 1.5}}, "top_p"),
+             ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "top_k"),
+             ({"input_ids": [1, 2], "sampling_params": {"temperature": -1}}, "temperature"),
+             ({"input_ids": [1, 2], "sampling_params": {"frequency_penalty": 1.0}}, "not supported"),
+             ({"input_ids": "abc"}, "input_ids"), ({"text": "hello"}, "token-in")]
+    for body, word in cases:
+        r = requests.post(url, json=body, timeout=10)
+        assert r.status_code == 400 and word in r.json()["error"]["message"], (body, r.text)
+    r = requests.post(kit_server + "/update_weights_from_disk", json={"model_path": "/nonexistent"}, timeout=10)
+    assert r.status_code == 400 and r.json()["success"] is False
+    r = requests.post(kit_server + "/pause_generation", json={"mode": "sideways"}, timeout=10)
+    assert r.status_code == 400
+    assert requests.post(url, json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+                         timeout=10).status_code == 200
+
+
+@pytest.mark.slow
+def test_serve_abort_one_request_in_flight(kit_server):
+    """``/abort_request`` by rid cuts that request mid-decode; it comes back with "abort" and its tokens so far."""
+    from mimo_kit.infra.sglang import SGLangEngine
+
+    eng = remote_engine_at(kit_server)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("cut-me", [1, 2], 400)])))
+    start = progress(eng)
+    th.start()
+    while progress(eng) == start and th.is_alive():
+        time.sleep(0.001)
+    eng.abort_request("cut-me")
+    th.join(30)
+    o = result["out"][0]
+    assert o.finish_reason == "abort" and 0 < len(o.token_ids) < 400 and len(o.logprobs) == len(o.token_ids)
+    with pytest.raises(Exception, match=r"http://127\.0\.0\.1:9/get_model_info"):
+        SGLangEngine("http://127.0.0.1:9", timeout=2)  # nothing listens on port 9: the error names the URL
+
+
+@pytest.mark.slow
+def test_serve_pause_in_place_holds_and_continues(kit_server):
+    """``/pause_generation`` in_place holds the decode loop; ``/continue_generation`` finishes the request."""
+    eng = remote_engine_at(kit_server)
+    result = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("p", [3, 4], 200)])))
+    start = progress(eng)
+    th.start()
+    while progress(eng) == start and th.is_alive():
+        time.sleep(0.001)
+    eng.pause_generation("in_place")
+    time.sleep(0.05)
+    held = progress(eng)
+    time.sleep(0.2)
+    assert progress(eng) - held <= 1 and th.is_alive()  # at most the step in progress finished
+    eng.continue_generation()
+    th.join(30)
+    assert result["out"][0].finish_reason == "length" and len(result["out"][0].token_ids) == 200
+
+
+@pytest.mark.slow
+def test_serve_routed_experts_follow_sglang_layout(kit_server, no_near_ties):
+    """R3 over HTTP: SGLang's rows cover prompt + generated − 1 tokens; the client pads the last with −1."""
+    model = kit_model(0)
+    eng = remote_engine_at(kit_server, model)
+    o = eng.generate([req("r", [1, 2, 3, 4], 6, temperature=0.0, return_routed_experts=True)])[0]
+    routed = torch.tensor(o.routed_experts)  # [T + n, layers, k]
+    assert routed.shape == (4 + 6, len(model.moe_layers()), model.config.num_experts_per_tok)
+    assert (routed[-1] == -1).all()
+    ids = torch.tensor([[1, 2, 3, 4] + o.token_ids[:-1]])
+    no_near_ties(model, ids)
+    with torch.no_grad(), model.capture_routing() as rec:
+        model(ids)
+    assert torch.equal(rec.indices.permute(1, 0, 2), routed[:-1].long())
+
+
+def remote_engine_at(url, model=None):
+    _SERVER["url"] = url
+    return remote_engine(model if model is not None else kit_model(0))
+
+
+def test_serve_refuses_non_loopback_hosts(capsys):
+    from mimo_kit.cli import main
+    from mimo_kit.infra.serve import check_host
+
+    assert check_host("127.0.0.1") == "127.0.0.1" and check_host("::1") == "::1"
+    for host in ("0.0.0.0", "192.168.1.10", "example.org"):
+        with pytest.raises(ValueError, match="--allow-remote"):
+            check_host(host)
+    assert check_host("0.0.0.0", allow_remote=True) == "0.0.0.0"
+    assert main(["serve", "--random-kit", "--host", "0.0.0.0"]) == 2  # refused before any model is built
+    assert "--allow-remote" in capsys.readouterr().err

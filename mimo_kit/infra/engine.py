@@ -14,7 +14,8 @@ The trainer talks to inference only through :class:`RolloutEngine`:
 
 :class:`InProcessEngine` wraps the kit decoder or any transformers causal LM (a PEFT-wrapped one too) in this
 process; it holds its **own copy** of the weights, so a trainer can move on while rollouts run on older ones,
-exactly the gap the staleness bound controls. A SGLang engine joins later by passing ``tests/test_engine.py``.
+exactly the gap the staleness bound controls. :class:`~mimo_kit.infra.sglang.SGLangEngine` (a SGLang server, or
+``mimo-kit serve``) passes the same contract suite, ``tests/test_engine.py``.
 """
 
 from __future__ import annotations
@@ -68,11 +69,13 @@ class GenerationOutput:
     routed_experts: list[list[list[int]]] | None = None  # [prompt + generated tokens][moe layers][k]
     candidates: list[list[int]] | None = None  # [generated tokens][kept ids] (top-k / top-p sampling set); with
     # candidates, ``logprobs`` are under the renormalised sampling set (see :func:`candidate_logmass`)
+    candidates_truncated: list[bool] | None = None  # [generated tokens] True where an engine could only approximate
+    # the candidate set (a SGLang server returns top-K logprobs, not the set: :mod:`mimo_kit.infra.sglang`)
 
 
 @runtime_checkable
 class RolloutEngine(Protocol):
-    """What the trainer needs from inference (Report §6). Implementations: :class:`InProcessEngine` (SGLang later)."""
+    """What the trainer needs from inference (Report §6): :class:`InProcessEngine`, ``SGLangEngine``."""
 
     policy_version: int
 

@@ -1,0 +1,356 @@
+"""SGLang as a rollout engine: a client of a running server's native HTTP API (Report §6 "Engines").
+
+The report's rollouts run on SGLang; the kit's trainer talks to any engine through
+:class:`~mimo_kit.infra.engine.RolloutEngine`. :class:`SGLangEngine` implements that protocol over SGLang's native
+endpoints, so the same trainer drives a real SGLang server on a GPU node or ``mimo-kit serve`` (the kit's
+:class:`~mimo_kit.infra.engine.InProcessEngine` behind the same endpoints, :mod:`mimo_kit.infra.serve`).
+
+Endpoints and fields used, all SGLang's own (files in ``sgl-project/sglang/python/sglang/srt/``):
+
+- ``generate`` → ``POST /generate`` with ``rid``, ``input_ids``, ``sampling_params`` {``temperature``, ``top_p``,
+  ``top_k``, ``max_new_tokens``, ``stop_token_ids``, ``sampling_seed``}, ``return_logprob``, ``logprob_start_len``,
+  ``top_logprobs_num``, ``return_routed_experts`` (``managers/io_struct.py`` ``GenerateReqInput``;
+  ``sampling/sampling_params.py`` ``SamplingParams``: top_k −1 disables, temperature 0 is greedy);
+- its answer: ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` [(logprob, id, text)],
+  ``output_top_logprobs`` [[(logprob, id, text)]], ``finish_reason`` {``type``: stop | length | abort}
+  (``managers/schedule_batch.py`` ``FINISH_*.to_json``), ``routed_experts`` (base64 of int32 (tokens − 1, layers,
+  k): ``io_struct.py`` ``BatchStrOutput``, ``managers/tokenizer_manager.py``), ``weight_version``;
+- ``abort`` → ``POST /abort_request`` {``rid``, ``abort_all``} (``entrypoints/http_server.py``; ``AbortReq``);
+- ``update_weights`` → ``POST /update_weights_from_disk`` {``model_path``, ``weight_version``,
+  ``abort_all_requests``} → {``success``, ``message``}, 400 on failure (``UpdateWeightFromDiskReqInput``);
+- partial rollouts → ``POST /pause_generation`` {``mode``: abort | retract | in_place} and
+  ``POST /continue_generation`` (``http_server.py``; ``PauseGenerationReqInput``);
+- housekeeping → ``GET /health``, ``GET /get_model_info`` (``model_path``, ``weight_version``),
+  ``GET /get_weight_version``, ``POST /flush_cache`` (``http_server.py``).
+
+Differences from :class:`InProcessEngine` a caller should know:
+
+- **logprobs**: SGLang reports log softmax(z / T) before top-k/top-p truncation (unless the server runs with
+  ``SGLANG_RETURN_ORIGINAL_LOGPROB=1``, which drops the temperature: keep it off); greedy (T = 0) reports
+  log softmax(z), the kit's convention too.
+- **top-p candidate sets** (Report §6.1): SGLang returns the top-``top_logprobs_num`` logprobs, not the sampling
+  set; :func:`topp_from_top_logprobs` rebuilds the set from them (exact when it fits, flagged when not;
+  :attr:`GenerationOutput.candidates_truncated`).
+- **routed experts** (R3): SGLang covers prompt + generated − 1 positions (the last token is never fed back); the
+  client appends one row of −1 ("not recorded", which the trainer's replay fills from its own router) so the rows
+  line up with the kit's [prompt + generated] layout. The server must run with ``--enable-return-routed-experts``.
+- **weights**: the engine holds its own copy by construction (it is another process); ``update_weights`` writes the
+  state dict as ``model.safetensors`` next to the server's ``config.json`` and loads it with
+  ``/update_weights_from_disk``; a trainer that already saved a checkpoint calls :meth:`SGLangEngine.load_weights`.
+- **abort** cuts every request in flight (``abort_all``); :meth:`SGLangEngine.abort_request` cuts one ``rid``.
+- **seeds**: there is no client-side random stream to snapshot; with ``seed`` set each request carries
+  ``sampling_seed`` = f(seed, request id), honoured where the server supports seeded sampling.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import shutil
+import tempfile
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import requests
+import torch
+
+from mimo_kit.infra.engine import GenerationOutput, GenerationRequest
+
+DEFAULT_TOP_LOGPROBS = 20  # top_logprobs_num asked for when candidates are wanted (Report §6.1: < 5 on average)
+
+
+class SGLangError(RuntimeError):
+    """A SGLang server could not be reached or answered with an error; the message names the URL."""
+
+
+def topp_from_top_logprobs(top: Sequence[tuple[float, int]], *, top_p: float, top_k: int = 0,
+                           vocab_size: int | None = None) -> tuple[list[int], bool]:
+    """The top-k/top-p sampling set rebuilt from the top-K logprobs a SGLang server returns → (ids, exact).
+
+    ``top`` holds (logprob, id) pairs of the K most likely tokens under softmax(z / T), most likely first (SGLang's
+    ``output_top_logprobs`` row). The sampling set (the kit's :func:`~mimo_kit.model.generate.truncate_logits`):
+
+        top-k:  keep the k most likely tokens (k = 0: all), renormalise: p'_i = p_i / Z,  Z = Σ_{i ≤ k} p_i
+        top-p:  keep token i (sorted) while the mass before it is below top_p:  Σ_{j < i} p'_j < top_p
+
+    Exact whenever the set ends inside the K returned tokens and Z is known (no top-k, or k ≤ K). With K < k < V the
+    normaliser lies in [S_K, min(1, S_K + (k − K)·p_K)], S_K = Σ_{i ≤ K} p_i; a token is decided only where both
+    bounds agree. Otherwise the result is the decided prefix (at least the top token) with ``exact = False``: an
+    approximation the caller should flag (ask for a larger ``top_logprobs_num``).
+    """
+    if not top:
+        raise ValueError("topp_from_top_logprobs: no top logprobs (the server was asked for top_logprobs_num=0?)")
+    ids = [int(t) for _, t in top]
+    probs = [math.exp(float(lp)) for lp, _ in top]  # [K] under softmax(z / T), descending
+    K = len(top)
+    V = vocab_size if vocab_size is not None else math.inf
+    k_eff = top_k if 0 < top_k < V else None  # None: no top-k cut
+    if k_eff is not None and k_eff <= K:
+        probs, ids, K = probs[:k_eff], ids[:k_eff], k_eff
+        z_lo = z_hi = sum(probs)
+        complete = True  # the whole top-k set is in hand
+    elif k_eff is None:
+        z_lo = z_hi = 1.0
+        complete = K >= V
+    else:  # K < k < V: the top-k mass is only bounded
+        s_k = sum(probs)
+        z_lo, z_hi = s_k, min(1.0, s_k + (k_eff - K) * probs[-1])
+        complete = False
+    kept: list[int] = []
+    before = 0.0  # Σ_{j < i} p_j (un-normalised)
+    for i in range(K):
+        if i > 0 and before >= top_p * z_hi:  # dropped under every admissible Z: the set ended here
+            return kept, True
+        if i > 0 and before >= top_p * z_lo:  # kept or dropped depending on the unknown Z
+            return kept, False
+        kept.append(ids[i])
+        before += probs[i]
+    if before >= top_p * z_hi:  # the mass of the K tokens reaches top_p: any further token is dropped
+        return kept, True
+    return kept, complete
+
+
+def _sampling_params(r: GenerationRequest, seed: int | None) -> dict[str, Any]:
+    """SGLang ``sampling_params`` of one request (``sampling/sampling_params.py``: top_k −1 disables it)."""
+    sp: dict[str, Any] = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k if r.top_k > 0 else -1,
+                          "max_new_tokens": r.max_new_tokens}
+    if r.stop_token_ids:
+        sp["stop_token_ids"] = sorted(set(int(t) for t in r.stop_token_ids))
+    if seed is not None:  # distinct per request: equal seeds would make a GRPO group's rollouts identical
+        sp["sampling_seed"] = zlib.crc32(f"{seed}:{r.request_id}".encode()) & 0x7FFFFFFF
+    return sp
+
+
+def decode_routed_experts(payload: str, rows: int, k: int) -> torch.Tensor:
+    """SGLang's ``meta_info["routed_experts"]`` → [rows, layers, k] int32 (base64 of a C-order int32 array)."""
+    flat = torch.frombuffer(bytearray(base64.b64decode(payload)), dtype=torch.int32)
+    if rows <= 0 or flat.numel() % (rows * k):
+        raise SGLangError(f"routed_experts: {flat.numel()} ids do not split into {rows} tokens × layers × k={k}")
+    return flat.reshape(rows, -1, k)
+
+
+def encode_routed_experts(routed: torch.Tensor) -> str:
+    """[tokens, layers, k] → base64 of the int32 C-order bytes (the format SGLang's detokenizer sends)."""
+    return base64.b64encode(routed.to(torch.int32).contiguous().numpy().tobytes()).decode("ascii")
+
+
+class SGLangEngine:
+    """A :class:`~mimo_kit.infra.engine.RolloutEngine` backed by a SGLang server's native HTTP API (Report §6).
+
+    ``url``: the server (``http://host:30000``). ``top_logprobs_num``: K asked for when candidates are wanted.
+    ``experts_per_token``: the MoE top-k, to unpack routed experts (default: the server's ``num_experts_per_tok``
+    if it reports one, as ``mimo-kit serve`` does). ``weights_dir``: where :meth:`update_weights` writes checkpoints
+    the server then reads (must be a path the server sees; default a temporary folder: same machine).
+    """
+
+    def __init__(self, url: str, *, timeout: float = 600.0, seed: int | None = None,
+                 top_logprobs_num: int = DEFAULT_TOP_LOGPROBS, experts_per_token: int | None = None,
+                 weights_dir: str | Path | None = None, config_dir: str | Path | None = None,
+                 vocab_size: int | None = None):
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+        self.seed = seed
+        self.top_logprobs_num = top_logprobs_num
+        info = self.model_info()
+        self.model_path = info.get("model_path")
+        self.vocab_size = vocab_size if vocab_size is not None else info.get("vocab_size")  # kit extension
+        self.experts_per_token = experts_per_token or info.get("num_experts_per_tok")  # kit extension
+        self.policy_version = _version(info.get("weight_version"))
+        self.config_dir = Path(config_dir) if config_dir else (Path(self.model_path) if self.model_path else None)
+        self._tmp = None if weights_dir else tempfile.mkdtemp(prefix="mimo-kit-weights-")
+        self.weights_dir = Path(weights_dir or self._tmp)
+
+    # ---- HTTP --------------------------------------------------------------------------------------------
+    def _call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> requests.Response:
+        url = self.url + path
+        try:
+            resp = requests.request(method, url, json=payload, timeout=timeout or self.timeout)
+        except requests.ConnectionError as e:
+            raise SGLangError(f"SGLang server at {url} is unreachable ({type(e).__name__}); is it running?") from e
+        except requests.Timeout as e:
+            raise SGLangError(f"SGLang server at {url} did not answer within {timeout or self.timeout} s") from e
+        return resp
+
+    def _json(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
+        resp = self._call(method, path, payload, timeout)
+        if resp.status_code != 200:
+            raise SGLangError(f"{method} {self.url + path} → HTTP {resp.status_code}: {_error_message(resp)}")
+        return resp.json()
+
+    def health(self, timeout: float = 5.0) -> bool:
+        """``GET /health`` is 200 (SGLang: 503 while starting or unhealthy)."""
+        try:
+            return self._call("GET", "/health", timeout=timeout).status_code == 200
+        except SGLangError:
+            return False
+
+    def model_info(self) -> dict[str, Any]:
+        """``GET /get_model_info``: ``model_path``, ``is_generation``, ``weight_version`` (and kit extensions)."""
+        return self._json("GET", "/get_model_info", timeout=min(self.timeout, 30.0))
+
+    def refresh_version(self) -> int:
+        """Re-read the server's ``weight_version`` (``GET /get_weight_version``) into :attr:`policy_version`."""
+        self.policy_version = _version(self._json("GET", "/get_weight_version")["weight_version"])
+        return self.policy_version
+
+    def flush_cache(self) -> None:
+        """``POST /flush_cache``: drop the radix (prefix) cache; SGLang refuses (400) while requests run."""
+        resp = self._call("POST", "/flush_cache")
+        if resp.status_code != 200:
+            raise SGLangError(f"POST {self.url}/flush_cache → HTTP {resp.status_code}: {_error_message(resp)}")
+
+    # ---- control -----------------------------------------------------------------------------------------
+    def abort(self) -> None:
+        """Cut every request in flight (``POST /abort_request`` with ``abort_all``); they return "abort"."""
+        self._call("POST", "/abort_request", {"abort_all": True})
+
+    def abort_request(self, rid: str) -> None:
+        """Cut one request (``POST /abort_request`` with its ``rid``)."""
+        self._call("POST", "/abort_request", {"rid": rid})
+
+    def pause_generation(self, mode: str = "abort") -> None:
+        """``POST /pause_generation``: ``abort`` returns the requests in flight, ``retract`` / ``in_place`` hold
+        them until :meth:`continue_generation` (partial rollouts across a weight update, Report §4.1)."""
+        self._json("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> None:
+        self._json("POST", "/continue_generation", {})
+
+    def load_weights(self, model_path: str | Path, version: int, *, abort_all_requests: bool = False) -> None:
+        """``POST /update_weights_from_disk``: the server reloads weights from ``model_path`` (a transformers
+        ``save_pretrained`` folder it can read) and stamps ``version`` on later requests."""
+        out = self._call("POST", "/update_weights_from_disk", {
+            "model_path": str(model_path), "weight_version": str(int(version)),
+            "abort_all_requests": abort_all_requests})
+        body = _body(out)
+        if out.status_code != 200 or not body.get("success", False):
+            raise ValueError(f"update_weights_from_disk ({self.url}, {model_path}): "
+                             f"{body.get('message') or _error_message(out)}")
+        self.policy_version = int(version)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Write ``state_dict`` as a checkpoint folder (``model.safetensors`` + the server's config files) and
+        load it with :meth:`load_weights`. The folder must be readable by the server (``weights_dir``)."""
+        from safetensors.torch import save_file
+
+        if version < self.policy_version:
+            raise ValueError(f"update_weights: version {version} is older than the engine's {self.policy_version}")
+        folder = self.weights_dir / f"v{int(version)}"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        if self.config_dir is not None and self.config_dir.is_dir():
+            for f in self.config_dir.iterdir():
+                if f.is_file() and f.suffix == ".json" and not f.name.endswith(".index.json"):
+                    shutil.copy(f, folder / f.name)
+        # clone: tied or shared tensors (embeddings) must be separate buffers for safetensors
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()},
+                  str(folder / "model.safetensors"))
+        try:
+            self.load_weights(folder, version)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def close(self) -> None:
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    # ---- generation --------------------------------------------------------------------------------------
+    def generate(self, requests_: Sequence[GenerationRequest]) -> list[GenerationOutput]:
+        """One batched ``POST /generate``; outputs in request order, stamped with the version at dispatch."""
+        reqs = list(requests_)
+        for i, r in enumerate(reqs):
+            if not isinstance(r, GenerationRequest):
+                raise TypeError(f"generate: request {i} is a {type(r).__name__}, expected GenerationRequest")
+        if not reqs:
+            return []
+        version = self.policy_version  # stamped at dispatch (docs/design.md lessons)
+        want_cands = any(r.return_candidates for r in reqs)
+        body: dict[str, Any] = {
+            "rid": [r.request_id for r in reqs],
+            "input_ids": [list(map(int, r.prompt_ids)) for r in reqs],
+            "sampling_params": [_sampling_params(r, self.seed) for r in reqs],
+            "return_logprob": True,
+            "logprob_start_len": -1,  # −1: logprobs of output tokens only
+            "top_logprobs_num": self.top_logprobs_num if want_cands else 0,
+            "return_routed_experts": any(r.return_routed_experts for r in reqs),
+        }
+        data = self._json("POST", "/generate", body)
+        if isinstance(data, dict):  # a batch of one may come back unwrapped
+            data = [data]
+        if len(data) != len(reqs):
+            raise SGLangError(f"POST {self.url}/generate: {len(data)} outputs for {len(reqs)} requests")
+        return [self._output(r, d, version) for r, d in zip(reqs, data)]
+
+    def _output(self, r: GenerationRequest, d: dict[str, Any], version: int) -> GenerationOutput:
+        meta = d.get("meta_info", {})
+        lps = meta.get("output_token_logprobs") or []  # [(logprob, id, text)]
+        ids = [int(t) for t in d["output_ids"]] if d.get("output_ids") is not None else [int(x[1]) for x in lps]
+        logprobs = [float(x[0]) for x in lps]
+        if len(logprobs) != len(ids):
+            raise SGLangError(f"{self.url}: request {r.request_id!r} has {len(ids)} tokens but {len(logprobs)} "
+                              "logprobs (return_logprob ignored?)")
+        reason = meta.get("finish_reason")
+        kind = reason.get("type") if isinstance(reason, dict) else reason
+        if kind not in ("stop", "length", "abort"):
+            raise SGLangError(f"{self.url}: request {r.request_id!r} finished with {reason!r}")
+        if kind == "abort" and isinstance(reason, dict) and reason.get("status_code") not in (None, 200):
+            raise SGLangError(f"{self.url}: request {r.request_id!r} was rejected: {reason.get('message')}")
+        candidates = truncated = None
+        if r.return_candidates:
+            tops = meta.get("output_top_logprobs") or []
+            candidates, truncated = [], []
+            for j, tok in enumerate(ids):
+                top = [(float(x[0]), int(x[1])) for x in tops[j]] if j < len(tops) and tops[j] else []
+                if r.temperature == 0:  # greedy: the set is the argmax alone
+                    cand, exact = [tok], True
+                else:
+                    cand, exact = topp_from_top_logprobs(top, top_p=r.top_p, top_k=r.top_k,
+                                                         vocab_size=self.vocab_size)
+                if tok not in cand:  # the sampled token lies beyond the returned top-K
+                    cand, exact = cand + [tok], False
+                lp_of = dict((t, lp) for lp, t in top)
+                lp_of.setdefault(tok, logprobs[j])
+                mass = torch.logsumexp(torch.tensor([lp_of[c] for c in cand if c in lp_of]), 0)
+                logprobs[j] = 0.0 if r.temperature == 0 else logprobs[j] - float(mass)  # log π(a | a ∈ C)
+                candidates.append(cand)
+                truncated.append(not exact)
+        routed = None
+        if r.return_routed_experts and meta.get("routed_experts") is not None:
+            if not self.experts_per_token:
+                raise SGLangError("routed experts returned but experts_per_token is unknown: pass it to SGLangEngine")
+            n_rows = len(r.prompt_ids) + len(ids) - 1  # SGLang: [0, seqlen − 1)
+            t = decode_routed_experts(meta["routed_experts"], n_rows, self.experts_per_token)  # [T + n − 1, L, k]
+            t = torch.cat([t, torch.full_like(t[:1], -1)])  # the last token was never routed: −1 = not recorded
+            routed = t.tolist()
+        return GenerationOutput(r.request_id, ids, logprobs, kind, version, routed, candidates,
+                                truncated if r.return_candidates else None)
+
+
+def _version(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0  # SGLang's default weight_version is "default"
+
+
+def _body(resp: requests.Response) -> dict[str, Any]:
+    try:
+        out = resp.json()
+    except ValueError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def _error_message(resp: requests.Response) -> str:
+    """SGLang's error bodies: {"error": {"message"}} (``_create_error_response``), {"message"} (validation
+    ``ErrorResponse``, weight updates), or plain text."""
+    body = _body(resp)
+    err = body.get("error")
+    if isinstance(err, dict) and err.get("message"):
+        return str(err["message"])
+    if body.get("message"):
+        return str(body["message"])
+    return resp.text[:500]
