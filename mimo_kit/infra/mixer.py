@@ -130,6 +130,8 @@ class MixerConfig(Config):
                            min=1e-3, max=1.0)
     replay: bool = knob(True, "Report §6: reuse completed groups in the first collection step after a start or "
                         "resume")
+    kv_tokens: float = knob(0.0, "the RL trainer's KV budget for one round of rollouts, in tokens (predictive "
+                            "dispatch); 0: unlimited, since the in-process engine has no KV limit", min=0.0)
     replay_cap: int = knob(64, "completed groups kept per source for replay; older ones are dropped", min=0)
 
 
