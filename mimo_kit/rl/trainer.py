@@ -19,6 +19,8 @@ One step (Report §5's recipe at toy scale):
    penalty, GRPO, GAR with the rule-based group grader (``advantage="gar"``, Report §4.3.2);
 4. dynamic sampling (Report §4.1): groups whose rewards are all equal carry no signal; the step over-samples and
    refills until ``prompts`` groups with signal are in the batch;
+   with ``mixer`` the Sample Mixer (:mod:`mimo_kit.infra.mixer`, Report §6) draws per source (bug family or line)
+   with per-source budgets and scheduling weights, each source filling its share of the batch;
 5. the policy forward on the stored tokens (never re-tokenised), logits / T as at rollout, each sequence's
    advantage on every context row of that sequence; π_old is the rollout logprob, or with ``tis`` the trainer's own
    recomputation with truncated-IS weights min(π_old/π_rollout, C); with ``topp_replay`` both sides are
@@ -79,6 +81,7 @@ from mimo_kit.infra.dist import (
     uses_fsdp,
 )
 from mimo_kit.infra.engine import InProcessEngine
+from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.rollout import RolloutSettings
 from mimo_kit.model.moe import load_metrics
@@ -184,8 +187,15 @@ class RLConfig(Config):
     collective_timeout_s: float = knob(
         7200.0, "the learner ranks wait in a broadcast while rank 0 plays a step's rollouts: allow two hours",
         min=1.0)
+    mixer: bool = knob(False, "Report §6: draw each step's groups per source through the Sample Mixer (budgets, "
+                       "scheduling weights, replay) instead of uniformly from the task pool")
+    sources: tuple[str, ...] = knob((), "the Mixer's sources: bug families (repo world) or the bug's line, line1.."
+                                    "line3 (toy world); empty: every source of the task pool (3 or 4)")
+    mixing: MixerConfig = knob(default_factory=lambda: MixerConfig(replay=False),
+                               why="the Mixer's constants; replay off, so that a resumed run equals an "
+                               "uninterrupted one (replay trains the first step after a resume on saved groups)")
 
-    PRESETS = {"tiny": {"policy": {"hidden_size": 128}, "sft": {"steps": 250}},
+    PRESETS = {"tiny": {"policy": {"hidden_size": 128}, "sft": {"steps": 250}, "mixing": {"replay": False}},
                "small": {"steps": 60, "prompts": 16, "eval_tasks": 32},
                "toy": TOY_WORLD}
 
@@ -208,6 +218,9 @@ class RLConfig(Config):
             raise ConfigError(f"RLConfig.optimizer={self.optimizer!r}; expected 'adamw' or 'muown'")
         if self.loss_agg not in ("token-mean", "seq-mean", "prompt-mean"):
             raise ConfigError(f"RLConfig.loss_agg={self.loss_agg!r}; expected token-mean, seq-mean or prompt-mean")
+        if self.mixer and self.staleness > 0:
+            raise ConfigError("RLConfig.mixer=true with staleness > 0: the kit's Mixer drives synchronous "
+                              "collection only; set staleness=0")
         if self.topp_replay and self.top_p >= 1.0:
             raise ConfigError("RLConfig.topp_replay=true with top_p=1.0: every token is a candidate, so replay "
                               "would change nothing; set top_p < 1 (e.g. top_p=0.9)")
@@ -482,6 +495,7 @@ class Collected:
     signal: int  # groups drawn whose rewards carry signal
     dropped: int  # sequences dropped for infrastructure errors
     findings: int  # recorded model errors the penalty module saw
+    sources: dict[str, Any] | None = None  # with the Mixer: per-source counts (Report §6)
 
 
 def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any = None) -> Collected:
@@ -523,6 +537,98 @@ def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any = Non
     if cfg.dynamic_sampling and drawn:
         state["keep_rate"] = max(min(signal / len(drawn), 1.0), 0.05)
     return Collected(drawn, batch, prepared, rounds, signal, dropped, findings)
+
+
+# ---- one step's rollouts through the Sample Mixer (Report §6) -----------------------------------------------------
+def task_source(task: Any) -> str:
+    """A task's Mixer source: its bug family (repo world) or the line its bug is on (toy world)."""
+    family = getattr(task, "family", None)
+    return family if family else f"line{task.bug_line}"
+
+
+def sample_source(sample: Sample) -> str:
+    """The Mixer source of a rolled-out group, from its metadata (the repo world's family, the toy task's line)."""
+    meta = sample.metadata
+    return meta["family"] if meta.get("family") else f"line{meta['task']['bug_line']}"
+
+
+def make_mixer(cfg: RLConfig, pool: list) -> tuple[SampleMixer, dict[str, list]]:
+    """The run's Mixer over ``cfg.sources`` (default: every source in the pool), each with an even share of the
+    batch, and the pool split by source."""
+    pools: dict[str, list] = {}
+    for t in pool:
+        pools.setdefault(task_source(t), []).append(t)
+    names = list(cfg.sources) or sorted(pools)
+    missing = [n for n in names if n not in pools]
+    if missing:
+        raise ConfigError(f"RLConfig.sources: {missing!r} have no tasks; the pool's sources are {sorted(pools)}")
+    return SampleMixer(names, split_targets(cfg.prompts, len(names)), cfg.mixing), {n: pools[n] for n in names}
+
+
+def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any = None) -> Collected:
+    """One step's batch through the Mixer: replayed groups first (only after a start or resume), then rounds in
+    which sources are drawn by scheduling weight up to their budgets (1 + p_i)·B_i / r_i, until every source has
+    its B_i groups with signal or ``refill_rounds`` refills are spent. ``roll_from(names)`` → one group per name.
+
+    A group's duration is its generated tokens and its KV need its total tokens (deterministic, so a resume
+    reproduces the run); ``mixing.kv_tokens`` > 0 caps one round's estimated KV (predictive dispatch)."""
+    module = penalty_module(cfg)
+    drawn: list[Sample] = []
+    batch: list[Sample] = []
+    prepared: tuple[list, list, list] = ([], [], [])
+    per = {"drawn": [0] * len(mixer.names), "trained": [0] * len(mixer.names)}
+
+    def add(samples: list[Sample], into: list[bool]) -> None:
+        rew, adv, logs = group_advantages(samples, cfg, world)
+        for g, smp in enumerate(samples):
+            if into[g]:
+                batch.append(smp)
+                prepared[0].append(rew[g])
+                prepared[1].append(adv[g])
+                prepared[2].append(logs[g])
+                per["trained"][mixer.names.index(sample_source(smp))] += 1
+
+    replayed = [g for _, g in mixer.take_replay()]
+    if replayed:
+        add(replayed, [True] * len(replayed))
+    rounds = dropped = findings = signal = 0
+    while not mixer.done():
+        plan: list[int] = []
+        used = 0.0
+        while (i := mixer.next_source()) is not None:
+            if cfg.mixing.kv_tokens and plan and not mixer.admit(i, cfg.mixing.kv_tokens - used):
+                break
+            used += float(mixer.kv_estimates()[i])
+            mixer.on_dispatch(i)
+            plan.append(i)
+        if not plan:
+            break
+        new, report = module.apply(roll_from([mixer.names[i] for i in plan]))
+        mixer.in_flight[:] = 0  # synchronous: every group of the round has come back (or was dropped)
+        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
+        drawn += new
+        rew = group_advantages(new, cfg, world)[0]
+        keep = set(range(len(new)))
+        if cfg.dynamic_sampling:
+            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
+            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+        signal += len(keep)
+        into = []
+        for g, smp in enumerate(new):
+            i = mixer.names.index(sample_source(smp))
+            per["drawn"][i] += 1
+            mixer.in_flight[i] += 1
+            into.append(mixer.on_complete(i, smp, g in keep, sum(generated_tokens(q) for q in smp.sequences),
+                                          sum(len(seg) for q in smp.sequences for c in q.contexts
+                                              for seg in c.segments)))
+        add(new, into)
+        if rounds >= cfg.refill_rounds:
+            break
+        rounds += 1
+    mixer.end_step()
+    counts = {"source_drawn": dict(zip(mixer.names, per["drawn"])),
+              "source_trained": dict(zip(mixer.names, per["trained"])), "replayed": len(replayed)}
+    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings, counts)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
@@ -643,6 +749,7 @@ def run_rl(cfg: RLConfig) -> dict:
         buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
                   if cfg.staleness > 0 else None)
         state = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
+        mixer, pools = make_mixer(cfg, pool) if cfg.mixer else (None, {})
         start, sft_eval = 0, None
         ckpt = out / "checkpoint"
         metrics_path = out / "metrics.jsonl"
@@ -656,6 +763,8 @@ def run_rl(cfg: RLConfig) -> dict:
             controller, state = c["controller"], c["sampler"]
             start, sft_eval, init_router = c["step"], c["sft_eval"], c["init_router"]
             buffer = c["buffer"]
+            if mixer is not None:
+                mixer.load_state_dict(c["mixer"])
             if d.is_main:
                 lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
                 metrics_path.write_text("".join(line + "\n" for line in lines))
@@ -681,9 +790,17 @@ def run_rl(cfg: RLConfig) -> dict:
             return rollout.play(engine, [world.episodes(t, cfg.group_size) for t in tasks], settings,
                                 grade_workers=world.grade_workers)
 
+        def roll_from(names: list[str]) -> list[Sample]:  # the Mixer's draw: one group per named source
+            tasks = [rng.choice(pools[n]) for n in names]
+            return rollout.play(engine, [world.episodes(t, cfg.group_size) for t in tasks], settings,
+                                grade_workers=world.grade_workers)
+
+        def gather() -> Collected:  # one step's batch: uniform draws, or per source through the Mixer
+            return collect_mixed(cfg, mixer, roll_from, world) if mixer else collect(engine, cfg, roll, state, world)
+
         for step in steps:
             t0 = time.perf_counter()
-            got = collect(engine, cfg, roll, state, world) if d.is_main else None
+            got = gather() if d.is_main else None
             lag = version_lag(got.batch, engine.policy_version) if d.is_main else None
             t1 = time.perf_counter()
             batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
@@ -694,6 +811,8 @@ def run_rl(cfg: RLConfig) -> dict:
                 row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
                            groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
                            recorded_errors=got.findings, entropy_target=controller.target)
+                if got.sources is not None:
+                    row.update(got.sources)
                 n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
                 # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
                 row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
@@ -706,7 +825,8 @@ def run_rl(cfg: RLConfig) -> dict:
                 save_sharded(ckpt, model, opt, {
                     "step": step + 1, "engine_rng": engine.rng_state() if engine else None, "rng": rng.getstate(),
                     "controller": controller, "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
-                    "buffer": buffer, "config": cfg.to_dict()}, is_main=d.is_main)
+                    "buffer": buffer, "config": cfg.to_dict(),
+                    **({"mixer": mixer.state_dict()} if mixer else {})}, is_main=d.is_main)
         final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}
