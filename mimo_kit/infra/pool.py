@@ -471,7 +471,12 @@ class SeededToyEngine:
             routed = None
             if r.return_routed_experts:
                 n = len(r.prompt_ids) + len(ids)
-                routed = [[rng.sample(range(self.n_experts), self.k) for _ in range(self.layers)] for _ in range(n)]
+                span = self.layers * self.k  # one draw per token: k consecutive experts per layer from a base
+                routed = []
+                for _ in range(n):
+                    b = rng.randrange(self.n_experts)
+                    row = [(b + 3 * i) % self.n_experts for i in range(span)]
+                    routed.append([row[j * self.k:(j + 1) * self.k] for j in range(self.layers)])
             cands = None
             if r.return_candidates:
                 cands = [[t] + rng.sample(range(1, TOKENIZER.vocab_size), self.n_candidates - 1) for t in ids]

@@ -102,6 +102,7 @@ def pool_scaling(sizes: Sequence[int] = (8, 16), baseline_sizes: Sequence[int] =
         pool = HarnessPool(n_actors, backend="ray", tool_threads=tool_threads)
         pool.stats()  # the actors are up
         start = round(time.perf_counter() - t0, 2)
+        _run(pool, min(sizes), seed, settings)  # warm-up: first calls import the episode code in the actors
         for n in sizes:
             rows.append({"side": "pool", "rollouts": n, **_run(pool, n, seed + n, settings), "pool_start_s": start})
         pool.shutdown()
@@ -121,7 +122,7 @@ def _rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4, group: int = 8, max_turns: int = 6,
+def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4, group: int = 8, max_turns: int = 8,
                   seed: int = 0) -> list[dict[str, Any]]:
     """Rows ``{porter, layers, payload_mb, driver_holds_mb, driver_rss_delta_mb, learner_ok}``: a rollout worker
     (a Ray actor) plays ``tasks × group`` toy episodes with routed experts [tokens, ``layers``, ``k``] and top-p
@@ -156,19 +157,16 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
                 wall = time.perf_counter() - t0
                 after = _rss()
                 holds = len(pickle.dumps(held))
-                if use_porter:
-                    routed_sum, _ = ray.get(learner.remote(held))
-                    samples = ray.get(worker.run_toy.remote(task_list, group, False))  # the payload, for its size
-                    payload = len(pickle.dumps(samples))
-                    del samples
-                else:
-                    routed_sum, payload = -1, holds
+                routed_sum, payload = (ray.get(learner.remote(held))[0], None) if use_porter else (-1, holds)
                 rows.append({"porter": use_porter, "layers": n_layers, "k": k, "trajectories": tasks * group,
-                             "payload_mb": round(payload / 2**20, 3), "driver_holds_mb": round(holds / 2**20, 3),
+                             "payload_mb": payload, "driver_holds_mb": round(holds / 2**20, 3),
                              "driver_rss_delta_mb": round((after - before) / 2**20, 1), "rollout_s": round(wall, 2),
                              "learner_routed_sum": routed_sum})
                 del held
                 ray.kill(worker)
+    sizes = {r["layers"]: r["payload_mb"] for r in rows if not r["porter"]}  # same seed: the same samples
+    for r in rows:
+        r["payload_mb"] = round(sizes[r["layers"]] / 2**20, 3)
     return rows
 
 
@@ -194,6 +192,7 @@ def plot_scaling(rows: Sequence[dict], path: str | None = None):
         ax.set_xlabel("concurrent rollouts")
         ax.set_title(title)
         ax.grid(alpha=0.3)
+    axes[2].set_yscale("log")
     axes[0].legend()
     fig.suptitle("Harness pool (2 persistent actors) vs one actor per rollout (Report §6)")
     fig.tight_layout()
