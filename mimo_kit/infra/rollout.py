@@ -143,14 +143,32 @@ def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[
 
 
 def _act(acting: list[tuple], workers: int) -> list[Any]:
-    """Each episode's ``act`` on its action, in order, or in ``workers`` threads (episodes are independent)."""
-    call = lambda a: a[0].episode.act(a[1], a[6])  # noqa: E731
-    if workers > 1 and len(acting) > 1:
+    """Each episode's ``act`` on its action, in order, or in ``workers`` threads (episodes are independent).
+
+    Episodes that name a ``batch`` (a :class:`~mimo_kit.infra.pool.HarnessPool` hosting them, Report §6) act
+    together in one ``batch.act_many([(episode, action, finish reason), ...])``: one call per actor, not per episode.
+    """
+    out: list[Any] = [None] * len(acting)
+    batches: dict[int, tuple[Any, list[int]]] = {}
+    for i, a in enumerate(acting):
+        b = getattr(a[0].episode, "batch", None)
+        if b is not None:
+            batches.setdefault(id(b), (b, []))[1].append(i)
+    for b, idx in batches.values():
+        for i, turn in zip(idx, b.act_many([(acting[i][0].episode, acting[i][1], acting[i][6]) for i in idx])):
+            out[i] = turn
+    rest = [i for i in range(len(acting)) if out[i] is None]
+    call = lambda i: acting[i][0].episode.act(acting[i][1], acting[i][6])  # noqa: E731
+    if workers > 1 and len(rest) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(min(workers, len(acting))) as pool:
-            return list(pool.map(call, acting))
-    return [call(a) for a in acting]
+        with ThreadPoolExecutor(min(workers, len(rest))) as pool:
+            done = list(pool.map(call, rest))
+    else:
+        done = [call(i) for i in rest]
+    for i, turn in zip(rest, done):
+        out[i] = turn
+    return out
 
 
 def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings, *,
@@ -235,13 +253,24 @@ def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:
     """Call ``outcome()`` once for every finished rollout not graded yet (``workers`` > 1: in threads, for
     environments whose grading waits on a sandbox process). Returns how many were graded."""
     todo = [r for r in rollouts if not r.live and r.outcome is None]
-    if workers > 1 and len(todo) > 1:
+    got: dict[int, Any] = {}
+    batches: dict[int, tuple[Any, list[int]]] = {}  # pooled episodes: graded where they live, one call per actor
+    for i, r in enumerate(todo):
+        b = getattr(r.episode, "batch", None)
+        if b is not None:
+            batches.setdefault(id(b), (b, []))[1].append(i)
+    for b, idx in batches.values():
+        got.update(zip(idx, b.outcome_many([todo[i].episode for i in idx])))
+    rest = [r for i, r in enumerate(todo) if i not in got]
+    if workers > 1 and len(rest) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(workers) as pool:
-            results = list(pool.map(lambda r: r.episode.outcome(), todo))
+            graded = list(pool.map(lambda r: r.episode.outcome(), rest))
     else:
-        results = [r.episode.outcome() for r in todo]
+        graded = [r.episode.outcome() for r in rest]
+    it = iter(graded)
+    results = [got[i] if i in got else next(it) for i in range(len(todo))]
     for r, o in zip(todo, results):
         if not isinstance(o, Outcome):
             raise TypeError(f"rollout {r.request_id}: episode.outcome returned {type(o).__name__}, expected Outcome")

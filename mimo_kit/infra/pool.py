@@ -1,0 +1,563 @@
+"""The harness pool: a fixed set of persistent actors, each hosting many rollouts as tenants (Report §6).
+
+The report's first agentic RL runs gave every rollout its own Ray actor. An actor is a worker process with its own
+sockets, pipes and log files, registered with the GCS; thousands of short-lived ones exhausted the GCS's file
+descriptors. The fix is a **fixed pool of persistent actors**, each hosting many **tenants** (one tenant = one
+rollout): the per-tenant trajectory state (the episode: its workspace, messages, counters) lives in the actor;
+what does not depend on the rollout (the tokenizer, the harness code, the inference endpoint) is loaded once per
+actor and shared; blocking tool work (sandboxed commands) runs on a background thread pool inside the actor, so one
+actor serves many tenants at once.
+
+The model's generation stays with the driver and its engine (token-in/token-out): the driver runs the one rollout
+loop of :mod:`mimo_kit.infra.rollout` over :class:`PooledEpisode` proxies, and each turn the pool receives all
+tenants' actions in **one call per actor** (the driver's ``_act`` groups episodes that share a ``batch``):
+
+.. code-block:: text
+
+    pool.open(specs)          → PooledEpisode proxies (tenants placed on the least-loaded actors; prompts returned)
+    rollout.play(engine, ...) → per turn: engine.generate (driver) → pool.act_many (one call per actor, in parallel)
+    pool.outcome_many(...)    → grades, computed where the tenant lives; the tenant is closed afterwards
+
+Two back ends behind the same API: ``backend="local"`` hosts run in this process (tests and notebooks need no Ray
+head) and ``backend="ray"`` hosts are threaded Ray actors (``max_concurrency``). :class:`ActorPerRollout` is the
+baseline the report moved away from: the same API, a fresh one-tenant actor per rollout, killed when it closes.
+
+A tenant that raises (in its builder, ``act`` or ``outcome``) is recorded as failed: its rollout ends as an
+``infra_error`` (the penalty module drops it, Report §6) and the actor's other tenants carry on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mimo_kit.infra.engine import GenerationOutput
+from mimo_kit.infra.rollout import Outcome, Turn
+from mimo_kit.rl.trajectory import Segment
+
+
+# ---- what a tenant is made from -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TenantSpec:
+    """One rollout to host: ``build(shared) → Episode`` runs inside the actor (the shared resources are the actor's
+    tokenizer, harness code, endpoint: whatever its ``setup`` made). ``build`` must pickle (a module-level class)."""
+
+    tenant_id: str  # "<group id>/<index>", the driver's request id
+    build: Callable[[dict], Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyBuild:
+    """A toy-world episode (:class:`~mimo_kit.rl.toy.world.ToyEpisode`) of one task."""
+
+    task: Any
+
+    def __call__(self, shared: dict) -> Any:
+        from mimo_kit.rl.toy.world import ToyEpisode
+
+        return ToyEpisode(self.task)
+
+
+@dataclasses.dataclass(frozen=True)
+class RepoBuild:
+    """A repo-world harness episode (:class:`~mimo_kit.rl.toy.repo.RepoEpisode`): its sandboxed workspace is made
+    inside the actor, with the actor's shared tokenizer (``shared["tokenizer"]``, bytes by default)."""
+
+    task: Any
+    harness: str = "mini-bash"
+    task_dir: str = ""
+
+    def __call__(self, shared: dict) -> Any:
+        from mimo_kit.harness.episode import ByteTokenizer
+        from mimo_kit.harness.loop import get_harness
+        from mimo_kit.rl.toy.repo import RepoEpisode
+
+        tok = shared.setdefault("tokenizer", ByteTokenizer())
+        return RepoEpisode(self.task, get_harness(self.harness), tok, self.task_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class FailingBuild:
+    """An episode whose ``act`` raises on turn ``fail_at`` (tests and demos of tenant isolation)."""
+
+    inner: Any
+    fail_at: int = 1
+
+    def __call__(self, shared: dict) -> Any:
+        return _Failing(self.inner(shared), self.fail_at)
+
+
+class _Failing:
+    def __init__(self, episode: Any, fail_at: int):
+        self.episode, self.fail_at, self.turns = episode, fail_at, 0
+        self.domain = getattr(episode, "domain", "code")
+        self.group_metadata = getattr(episode, "group_metadata", {})
+
+    def prompt(self) -> list[Segment]:
+        return self.episode.prompt()
+
+    def act(self, action: list[int], finish_reason: str) -> Turn:
+        self.turns += 1
+        if self.turns >= self.fail_at:
+            raise RuntimeError(f"tenant failure injected at turn {self.turns}")
+        return self.episode.act(action, finish_reason)
+
+    def outcome(self) -> Outcome:
+        return self.episode.outcome()
+
+
+# ---- the host: many tenants in one process ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Tenant:
+    episode: Any
+    error: str | None = None
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # one call at a time per tenant
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class TenantHost:
+    """Many tenants in one process: per-tenant episodes, shared resources, a thread pool for blocking tool work.
+
+    Used as is by the in-process pool and wrapped by ``ray.remote`` (a threaded actor) by the Ray pool. Every
+    method takes a batch and answers per tenant; an exception in one tenant is caught and recorded for it alone.
+    """
+
+    def __init__(self, setup: Callable[[], dict] | None = None, tool_threads: int = 8):
+        self.shared: dict = setup() if setup is not None else {}  # tokenizer, harness code, endpoint: once per host
+        self.tenants: dict[str, _Tenant] = {}
+        self.lock = threading.Lock()
+        self.tools = ThreadPoolExecutor(max(1, tool_threads), thread_name_prefix="tenant-tools")
+        self.opened = self.failed = 0
+
+    def open(self, specs: Sequence[TenantSpec]) -> list[dict]:
+        """Build each tenant's episode; per tenant: ``{"prompt", "domain", "group_metadata"}`` or ``{"error"}``."""
+        out = []
+        for spec in specs:
+            with self.lock:
+                if spec.tenant_id in self.tenants:
+                    raise ValueError(f"tenant {spec.tenant_id!r} is already open on this host")
+            try:
+                ep = spec.build(self.shared)
+                info = {"prompt": list(ep.prompt()), "domain": getattr(ep, "domain", "code"),
+                        "group_metadata": dict(getattr(ep, "group_metadata", {}) or {})}
+                tenant = _Tenant(ep)
+            except Exception as e:  # noqa: BLE001 - a failing builder fails its tenant, not the host
+                tenant, info = _Tenant(None, f"open failed: {_error(e)}"), {"error": f"open failed: {_error(e)}"}
+            with self.lock:
+                self.tenants[spec.tenant_id] = tenant
+                self.opened += 1
+                self.failed += tenant.error is not None
+            out.append(info)
+        return out
+
+    def _tenant(self, tid: str) -> _Tenant:
+        with self.lock:
+            if tid not in self.tenants:
+                raise KeyError(f"tenant {tid!r} is not open on this host (open: {len(self.tenants)})")
+            return self.tenants[tid]
+
+    def _act_one(self, tid: str, action: list[int], finish_reason: str) -> Turn:
+        t = self._tenant(tid)
+        with t.lock:
+            if t.error is not None:
+                return Turn(done=True, infra_error=t.error)
+            try:
+                turn = t.episode.act(action, finish_reason)
+                if not isinstance(turn, Turn):
+                    raise TypeError(f"episode.act returned {type(turn).__name__}, expected Turn")
+                return turn
+            except Exception as e:  # noqa: BLE001 - recorded for this tenant; the others carry on
+                t.error = f"tenant {tid} failed in act: {_error(e)}"
+                with self.lock:
+                    self.failed += 1
+                return Turn(done=True, infra_error=t.error)
+
+    def act(self, actions: Sequence[tuple[str, list[int], str]]) -> list[Turn]:
+        """``[(tenant id, action ids, finish reason), ...]`` → one Turn each; the acts run on the tool threads."""
+        futures = [self.tools.submit(self._act_one, *a) for a in actions]
+        return [f.result() for f in futures]
+
+    def _outcome_one(self, tid: str) -> Outcome:
+        t = self._tenant(tid)
+        with t.lock:
+            if t.error is not None:
+                return Outcome(0.0, False, {"infra_error": t.error})
+            try:
+                return t.episode.outcome()
+            except Exception as e:  # noqa: BLE001
+                t.error = f"tenant {tid} failed in outcome: {_error(e)}"
+                return Outcome(0.0, False, {"infra_error": t.error, "traceback": traceback.format_exc(limit=3)})
+
+    def outcome(self, tids: Sequence[str], close: bool = True) -> list[Outcome]:
+        """Grade each tenant where it lives (on the tool threads); ``close`` then drops them."""
+        futures = [self.tools.submit(self._outcome_one, tid) for tid in tids]
+        out = [f.result() for f in futures]
+        if close:
+            self.close(tids)
+        return out
+
+    def close(self, tids: Sequence[str]) -> int:
+        """Drop tenants (their episodes' ``close`` releases sandboxes); unknown ids are ignored. Returns closed."""
+        with self.lock:
+            gone = [self.tenants.pop(t) for t in tids if t in self.tenants]
+        for t in gone:
+            if t.episode is not None and hasattr(t.episode, "close"):
+                try:
+                    t.episode.close()
+                except Exception:  # noqa: BLE001, S110 - a failing cleanup must not fail the others
+                    pass
+        return len(gone)
+
+    def errors(self) -> dict[str, str]:
+        with self.lock:
+            return {tid: t.error for tid, t in self.tenants.items() if t.error is not None}
+
+    def stats(self) -> dict[str, Any]:
+        with self.lock:
+            return {"pid": os.getpid(), "tenants": len(self.tenants), "opened": self.opened, "failed": self.failed,
+                    "threads": threading.active_count(), "shared": sorted(self.shared)}
+
+    def ping(self) -> int:
+        return os.getpid()
+
+
+# ---- the driver's view of a tenant -----------------------------------------------------------------------------------
+class PooledEpisode:
+    """A tenant as the rollout driver sees it: the Episode protocol, forwarded to the pool. Episodes with the same
+    ``batch`` (their pool) are acted and graded in one call per actor by :func:`mimo_kit.infra.rollout.advance`."""
+
+    def __init__(self, pool: Any, tenant_id: str, info: dict):
+        self.batch, self.tenant_id = pool, tenant_id
+        self.segments = info.get("prompt")
+        self.error = info.get("error")
+        self.domain = info.get("domain", "code")
+        self.group_metadata = info.get("group_metadata", {})
+
+    def prompt(self) -> list[Segment]:
+        if self.error is not None:  # the tenant could not start: a one-token placeholder, the first act ends it
+            return [Segment("user", [0], text="<tenant failed to open>")]
+        return self.segments
+
+    def act(self, action: list[int], finish_reason: str) -> Turn:
+        return self.batch.act_many([(self, action, finish_reason)])[0]
+
+    def outcome(self) -> Outcome:
+        return self.batch.outcome_many([self])[0]
+
+    def close(self) -> None:
+        self.batch.close([self])
+
+
+# ---- the pools -------------------------------------------------------------------------------------------------------
+def _ray_host_class(max_concurrency: int):
+    import ray
+
+    return ray.remote(num_cpus=0, max_concurrency=max_concurrency)(TenantHost)
+
+
+class _Hosts:
+    """Shared driver side of both pools: placement, one batched call per host, gathering the answers."""
+
+    backend: str
+
+    def __init__(self, backend: str):
+        if backend not in ("local", "ray"):
+            raise ValueError(f"backend={backend!r}; expected 'local' or 'ray'")
+        self.backend = backend
+        self.placement: dict[str, Any] = {}  # tenant id → host (a TenantHost or an actor handle)
+
+    def _call(self, calls: list[tuple[Any, str, tuple]]) -> list[Any]:
+        """``[(host, method, args), ...]`` → results, the hosts' calls in flight together (Ray) or in turn."""
+        if self.backend == "ray":
+            import ray
+
+            return ray.get([getattr(h, m).remote(*a) for h, m, a in calls])
+        return [getattr(h, m)(*a) for h, m, a in calls]
+
+    def _by_host(self, tids: Sequence[str]) -> list[tuple[Any, list[int]]]:
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, tid in enumerate(tids):
+            if tid not in self.placement:
+                raise KeyError(f"tenant {tid!r} is not open in this pool")
+            h = self.placement[tid]
+            groups.setdefault(id(h), (h, []))[1].append(i)
+        return list(groups.values())
+
+    def act_many(self, items: Sequence[tuple[PooledEpisode, list[int], str]]) -> list[Turn]:
+        """One turn for many tenants: one call per host, all hosts at once; the Turns in the order given."""
+        tids = [ep.tenant_id for ep, _, _ in items]
+        groups = self._by_host(tids)
+        results = self._call([(h, "act", ([(tids[i], list(items[i][1]), items[i][2]) for i in idx],))
+                              for h, idx in groups])
+        out: list[Any] = [None] * len(items)
+        for (_, idx), res in zip(groups, results):
+            for i, turn in zip(idx, res):
+                out[i] = turn
+        return out
+
+    def outcome_many(self, episodes: Sequence[PooledEpisode]) -> list[Outcome]:
+        """Grade many tenants where they live (one call per host) and close them."""
+        tids = [ep.tenant_id for ep in episodes]
+        groups = self._by_host(tids)
+        results = self._call([(h, "outcome", ([tids[i] for i in idx], True)) for h, idx in groups])
+        out: list[Any] = [None] * len(episodes)
+        for (_, idx), res in zip(groups, results):
+            for i, o in zip(idx, res):
+                out[i] = o
+        self._closed(tids)
+        return out
+
+    def close(self, episodes: Sequence[PooledEpisode | str]) -> None:
+        tids = [e if isinstance(e, str) else e.tenant_id for e in episodes]
+        tids = [t for t in tids if t in self.placement]
+        self._call([(h, "close", ([tids[i] for i in idx],)) for h, idx in self._by_host(tids)])
+        self._closed(tids)
+
+    def _closed(self, tids: Sequence[str]) -> None:
+        for t in tids:
+            self.placement.pop(t, None)
+
+    def groups(self, groups: Sequence[tuple[str, Sequence[Callable[[dict], Any]]]]) -> list[tuple[str, list]]:
+        """``[(group id, builders), ...]`` → ``[(group id, PooledEpisode proxies)]`` for :func:`rollout.play`."""
+        specs = [TenantSpec(f"{gid}/{i}", b) for gid, bs in groups for i, b in enumerate(bs)]
+        eps = iter(self.open(specs))
+        return [(gid, [next(eps) for _ in bs]) for gid, bs in groups]
+
+    def open(self, specs: Sequence[TenantSpec]) -> list[PooledEpisode]:
+        raise NotImplementedError
+
+
+class HarnessPool(_Hosts):
+    """A fixed pool of ``n_actors`` persistent hosts, each holding many tenants (Report §6 Harness Pool).
+
+    ``setup()`` builds the per-actor shared resources once per host (a dict: tokenizer, harness code, endpoint);
+    ``tool_threads`` is each host's background thread pool for blocking tool work; ``max_concurrency`` the number
+    of driver calls a Ray host serves at once. Tenants are placed on the least-loaded host.
+    """
+
+    def __init__(self, n_actors: int, setup: Callable[[], dict] | None = None, *, backend: str = "local",
+                 tool_threads: int = 8, max_concurrency: int = 16):
+        super().__init__(backend)
+        if n_actors < 1:
+            raise ValueError(f"HarnessPool: n_actors={n_actors}; expected >= 1")
+        if backend == "ray":
+            cls = _ray_host_class(max_concurrency)
+            self.hosts = [cls.remote(setup, tool_threads) for _ in range(n_actors)]
+        else:
+            self.hosts = [TenantHost(setup, tool_threads) for _ in range(n_actors)]
+        self.load = [0] * n_actors  # open tenants per host
+
+    def open(self, specs: Sequence[TenantSpec]) -> list[PooledEpisode]:
+        """Place each tenant on the least-loaded host (ties: the lowest index), then open them, one call per host."""
+        where = []
+        for _ in specs:
+            h = min(range(len(self.hosts)), key=lambda j: (self.load[j], j))
+            self.load[h] += 1
+            where.append(h)
+        by: dict[int, list[int]] = {}
+        for i, h in enumerate(where):
+            by.setdefault(h, []).append(i)
+        results = self._call([(self.hosts[h], "open", ([specs[i] for i in idx],)) for h, idx in by.items()])
+        infos: list[Any] = [None] * len(specs)
+        for (h, idx), res in zip(by.items(), results):
+            for i, info in zip(idx, res):
+                infos[i] = info
+                self.placement[specs[i].tenant_id] = self.hosts[h]
+        return [PooledEpisode(self, s.tenant_id, info) for s, info in zip(specs, infos)]
+
+    def _closed(self, tids: Sequence[str]) -> None:
+        for t in tids:
+            h = self.placement.pop(t, None)
+            if h is not None:
+                j = next(j for j, x in enumerate(self.hosts) if x is h)
+                self.load[j] -= 1
+
+    def stats(self) -> list[dict]:
+        return self._call([(h, "stats", ()) for h in self.hosts])
+
+    def errors(self) -> dict[str, str]:
+        return {k: v for d in self._call([(h, "errors", ()) for h in self.hosts]) for k, v in d.items()}
+
+    @property
+    def actors(self) -> int:
+        return len(self.hosts)
+
+    def shutdown(self) -> None:
+        """Close every tenant and release the hosts (Ray: kill the actors)."""
+        self.close(list(self.placement))
+        if self.backend == "ray":
+            import ray
+
+            for h in self.hosts:
+                ray.kill(h)
+        else:
+            for h in self.hosts:
+                h.tools.shutdown(wait=True)
+        self.hosts, self.load = [], []
+
+
+class ActorPerRollout(_Hosts):
+    """The baseline the report moved away from: a fresh one-tenant host per rollout, released when it closes."""
+
+    def __init__(self, setup: Callable[[], dict] | None = None, *, backend: str = "local", tool_threads: int = 2):
+        super().__init__(backend)
+        self.setup, self.tool_threads = setup, tool_threads
+        self.created = 0
+
+    def open(self, specs: Sequence[TenantSpec]) -> list[PooledEpisode]:
+        if self.backend == "ray":
+            cls = _ray_host_class(2)
+            hosts = [cls.remote(self.setup, self.tool_threads) for _ in specs]  # every rollout pays an actor start
+        else:
+            hosts = [TenantHost(self.setup, self.tool_threads) for _ in specs]
+        self.created += len(hosts)
+        results = self._call([(h, "open", ([s],)) for h, s in zip(hosts, specs)])
+        for h, s in zip(hosts, specs):
+            self.placement[s.tenant_id] = h
+        return [PooledEpisode(self, s.tenant_id, res[0]) for s, res in zip(specs, results)]
+
+    def _closed(self, tids: Sequence[str]) -> None:
+        hosts = [self.placement.pop(t) for t in tids if t in self.placement]
+        if self.backend == "ray":
+            import ray
+
+            for h in hosts:
+                ray.kill(h)
+        else:
+            for h in hosts:
+                h.tools.shutdown(wait=False)
+
+    @property
+    def actors(self) -> int:
+        return len(self.placement)
+
+    def shutdown(self) -> None:
+        self.close(list(self.placement))
+
+
+# ---- a seeded engine (tests, benchmarks, notebooks) -----------------------------------------------------------------
+class SeededToyEngine:
+    """A stand-in for the policy on the toy world: each reply is drawn from an RNG seeded by (seed, request id,
+    prompt length), so it depends on the rollout only, never on batching or placement. Optional payloads of the
+    sizes a real MoE rollout carries: routed experts [prompt + generated tokens][layers][k] and top-p candidates
+    [generated tokens][n_candidates]; logprobs are drawn too."""
+
+    policy_version = 0
+
+    def __init__(self, seed: int = 0, *, layers: int = 2, k: int = 2, n_experts: int = 16, n_candidates: int = 3):
+        self.seed, self.layers, self.k, self.n_experts, self.n_candidates = seed, layers, k, n_experts, n_candidates
+
+    def generate(self, requests: Sequence[Any]) -> list[GenerationOutput]:
+        from mimo_kit.rl.toy.world import TOKENIZER
+
+        outs = []
+        for r in requests:
+            rng = random.Random(f"{self.seed}|{r.request_id}|{len(r.prompt_ids)}")
+            d = rng.randint(1, 9)
+            action = rng.choices(["R", f"E{rng.randint(1, 3)}{rng.choice('+-*')}{d}", f"A+{d % 2}", "S", "xx"],
+                                 weights=[3, 4, 1, 2, 1])[0]
+            ids = TOKENIZER.encode(action + "\n")[: r.max_new_tokens]
+            finish = "stop" if ids[-1] in r.stop_token_ids else "length"
+            lps = [-rng.random() for _ in ids]
+            routed = None
+            if r.return_routed_experts:
+                n = len(r.prompt_ids) + len(ids)
+                span = self.layers * self.k  # one draw per token: k consecutive experts per layer from a base
+                routed = []
+                for _ in range(n):
+                    b = rng.randrange(self.n_experts)
+                    row = [(b + 3 * i) % self.n_experts for i in range(span)]
+                    routed.append([row[j * self.k:(j + 1) * self.k] for j in range(self.layers)])
+            cands = None
+            if r.return_candidates:
+                cands = [[t] + rng.sample(range(1, TOKENIZER.vocab_size), self.n_candidates - 1) for t in ids]
+            outs.append(GenerationOutput(r.request_id, ids, lps, finish, self.policy_version, routed, cands))
+        return outs
+
+    def update_weights(self, state_dict: Any, version: int) -> None:
+        self.policy_version = version
+
+    def abort(self) -> None:
+        pass
+
+
+# ---- a local Ray head ---------------------------------------------------------------------------------------------
+def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str, Any]:
+    """Start a private Ray head on this machine for tests, benchmarks and notebooks; returns ``ray.init``'s context.
+
+    Everything listens on the loopback only: Ray's node address comes from ``get_node_ip_address``, which returns
+    127.0.0.1 when "clusters" are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; a ``_node_ip_address`` of 127.0.0.1
+    is otherwise replaced by the routable address). Authentication is token mode with a fresh token passed in the
+    environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), so the driver, the GCS, the raylet and the workers
+    agree and nothing is written to ``~/.ray``. No dashboard. Workers import this checkout of the kit
+    (``PYTHONPATH``), whatever the editable install points at. Stop it with :func:`stop_local_head`.
+    """
+    import secrets
+    import sys
+    from pathlib import Path
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if "ray._private.ray_constants" in sys.modules:  # imported before the variables were set: apply them now
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
+    if ray.is_initialized():
+        raise RuntimeError("start_local_head: Ray is already initialised in this process")
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
+                   _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20, log_to_driver=False,
+                   configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    return {"address": ctx.address_info.get("gcs_address"), "node_ip": ctx.address_info.get("node_ip_address")}
+
+
+def stop_local_head() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def ray_processes() -> dict[str, list[int]]:
+    """The pids of this Ray head's GCS server, raylet and worker processes (children of this driver)."""
+    import psutil
+
+    out: dict[str, list[int]] = {"gcs_server": [], "raylet": [], "workers": []}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            name, cmd = p.name(), " ".join(p.cmdline()[:2])
+        except psutil.Error:
+            continue
+        if "gcs_server" in name or "gcs_server" in cmd:
+            out["gcs_server"].append(p.pid)
+        elif name == "raylet" or cmd.endswith("/raylet"):
+            out["raylet"].append(p.pid)
+        elif name.startswith("ray::") or "default_worker.py" in cmd:
+            out["workers"].append(p.pid)
+    return out
+
+
+def open_fds(pids: Sequence[int]) -> int:
+    """Open file descriptors of ``pids`` together (``/proc/<pid>/fd``; processes gone meanwhile count 0)."""
+    n = 0
+    for pid in pids:
+        try:
+            n += len(os.listdir(f"/proc/{pid}/fd"))
+        except OSError:
+            pass
+    return n
