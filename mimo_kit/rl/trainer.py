@@ -184,6 +184,9 @@ class RLConfig(Config):
                           "state stay fp32 (Report §3)")
     activation_checkpointing: bool = knob(False, "recompute each layer in the backward (memory of one layer)")
     fsdp: str = knob("auto", "FSDP2 for the learner: auto = shard when torchrun starts > 1 process; on; off")
+    engine_url: str = knob("", "'' = the in-process engine; 'http://127.0.0.1:PORT' = a server speaking SGLang's "
+                           "native API (mimo-kit serve --rl-preset ..., or SGLang) that plays the rollouts out of "
+                           "process and gets the weights through /update_weights_from_disk")
     collective_timeout_s: float = knob(
         7200.0, "the learner ranks wait in a broadcast while rank 0 plays a step's rollouts: allow two hours",
         min=1.0)
@@ -201,6 +204,15 @@ class RLConfig(Config):
 
     def check(self) -> None:
         check_device_knobs("RLConfig", self.device, self.precision, self.fsdp)
+        if self.engine_url and self.rollout_mxfp4:
+            raise ConfigError("RLConfig.rollout_mxfp4 with engine_url: the server owns its weights' precision "
+                              "(serve MXFP4 experts on the server side); set rollout_mxfp4=false")
+        if self.engine_url and self.staleness > 0:
+            raise ConfigError("RLConfig.engine_url with staleness > 0: partial rollouts cut generation at a "
+                              "deterministic decode step through the in-process engine's hook; use the in-process "
+                              "engine for them (engine_url='')")
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            raise ConfigError(f"RLConfig.engine_url={self.engine_url!r}; expected '' or an http(s):// URL")
         if self.activation_checkpointing and self.r3:
             raise ConfigError("RLConfig.activation_checkpointing with r3: routing replay hands out the recorded "
                               "experts in order, and a recomputed layer would ask for them twice; turn one off")
@@ -465,11 +477,14 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any = None, seed_off
     if cfg.eval_tasks == 0:
         return {}
     world = world or cfg.make_world()
-    state = engine.rng_state()
-    engine.generator.manual_seed(777 + seed_offset)
+    local = hasattr(engine, "rng_state")  # a remote engine seeds each request itself
+    if local:
+        state = engine.rng_state()
+        engine.generator.manual_seed(777 + seed_offset)
     samples = rollout.play(engine, world.eval_groups(cfg.eval_tasks, cfg.seed, cfg.eval_samples),
                            cfg.rollout_settings(world, training=False), grade_workers=world.grade_workers)
-    engine.set_rng_state(state)
+    if local:
+        engine.set_rng_state(state)
     if world.name == "toy":
         return rollout_metrics(samples)
     train = [s for s in samples if s.metadata.get("harness") in cfg.repo.train_harnesses]
@@ -655,7 +670,7 @@ def sync_weights(engine: InProcessEngine | None, model, version: int, cfg: RLCon
     if engine is None:
         return
     engine.update_weights(weights, version)
-    if cfg.rollout_mxfp4:
+    if cfg.rollout_mxfp4 and not cfg.engine_url:
         quantize_experts_(engine.model)
 
 
@@ -666,6 +681,10 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
     fills with the gathered weights."""
     if not d.is_main:
         return None
+    if cfg.engine_url:  # out of process: a SGLang-API server; sync_weights sends every version through a folder
+        from mimo_kit.infra.sglang import SGLangEngine
+
+        return SGLangEngine(cfg.engine_url, seed=cfg.seed, weights_dir=Path(cfg.out_dir) / "engine_weights")
     if not uses_fsdp(d, cfg.fsdp):
         return InProcessEngine(model, seed=cfg.seed)
     full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
@@ -757,7 +776,7 @@ def run_rl(cfg: RLConfig) -> dict:
             _same_run(torch.load(ckpt / "trainer.pt", weights_only=False).get("config", {}), cfg, ckpt)
             c = load_sharded(ckpt, model, opt)
             sync_weights(engine, model, c["step"], cfg)
-            if engine is not None:
+            if engine is not None and c["engine_rng"] is not None and hasattr(engine, "set_rng_state"):
                 engine.set_rng_state(c["engine_rng"])
             rng.setstate(c["rng"])
             controller, state = c["controller"], c["sampler"]
@@ -823,7 +842,7 @@ def run_rl(cfg: RLConfig) -> dict:
                     f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_sharded(ckpt, model, opt, {
-                    "step": step + 1, "engine_rng": engine.rng_state() if engine else None, "rng": rng.getstate(),
+                    "step": step + 1, "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None, "rng": rng.getstate(),
                     "controller": controller, "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
                     "buffer": buffer, "config": cfg.to_dict(),
                     **({"mixer": mixer.state_dict()} if mixer else {})}, is_main=d.is_main)
