@@ -842,7 +842,8 @@ def run_rl(cfg: RLConfig) -> dict:
                     f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_sharded(ckpt, model, opt, {
-                    "step": step + 1, "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None, "rng": rng.getstate(),
+                    "step": step + 1, "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
+                    "rng": rng.getstate(),
                     "controller": controller, "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
                     "buffer": buffer, "config": cfg.to_dict(),
                     **({"mixer": mixer.state_dict()} if mixer else {})}, is_main=d.is_main)
