@@ -128,3 +128,30 @@ def fresh_cache(tmp_path_factory):
         os.environ.pop("MIMO_KIT_CACHE")
     else:
         os.environ["MIMO_KIT_CACHE"] = old
+
+
+#: the toy policy's SFT warm start the RL tests share (their configs pass ``sft=TOY_SFT_STEPS`` steps too, so the
+#: trainer's key matches and it loads ``sft.pt`` instead of training)
+TOY_SFT_STEPS = 150
+
+
+@pytest.fixture(scope="session")
+def sft_file(tmp_path_factory):
+    """``sft.pt`` of one toy-world SFT warm start (``TOY_SFT_STEPS`` steps), shared by the RL trainer tests."""
+    from mimo_kit.rl.sft import SFTConfig
+    from mimo_kit.rl.trainer import RLConfig, run_rl
+
+    out = tmp_path_factory.mktemp("toy-sft")
+    run_rl(RLConfig.preset("toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False,
+                          sft=SFTConfig(steps=TOY_SFT_STEPS).to_dict()))
+    return out / "sft.pt"
+
+
+def with_sft(out, sft_file) -> None:
+    """Put the shared ``sft.pt`` into a run folder (the trainer uses it when its config matches)."""
+    import shutil
+    from pathlib import Path
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    if not (Path(out) / "sft.pt").exists():
+        shutil.copy(sft_file, Path(out) / "sft.pt")

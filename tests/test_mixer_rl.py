@@ -1,29 +1,19 @@
 """RL with the Sample Mixer (Report §6): per-source draws from `mimo-kit run rl`, exact resume, replay."""
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
+from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.rl.sft import SFTConfig
 from mimo_kit.rl.trainer import RLConfig, run_rl
 
-SFT = SFTConfig(steps=150)
-
-
-@pytest.fixture(scope="module")
-def sft_file(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    run_rl(RLConfig.preset("toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT.to_dict()))
-    return out / "sft.pt"
+SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
 
 def mixed(out, sft_file, **kw):
-    Path(out).mkdir(parents=True, exist_ok=True)
-    if not (Path(out) / "sft.pt").exists():
-        shutil.copy(sft_file, Path(out) / "sft.pt")
+    with_sft(out, sft_file)
     base = dict(out_dir=str(out), mixer=True, steps=3, prompts=6, group_size=4, eval_tasks=4, eval_samples=1,
                 progress=False, checkpoint_every=2, sft=SFT.to_dict())
     base.update(kw)

@@ -3,7 +3,6 @@ resume after SIGKILL, switches (Report §5)."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -12,26 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.rl.sft import SFTConfig
 from mimo_kit.rl.trainer import RLConfig, run_rl
 
-SFT = SFTConfig(steps=150)
-
-
-@pytest.fixture(scope="module")
-def sft_file(tmp_path_factory):
-    """One SFT warm start shared by the tests (the trainer loads ``sft.pt`` when its config matches)."""
-    out = tmp_path_factory.mktemp("sft")
-    run_rl(RLConfig.preset("toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False, sft=SFT.to_dict()))
-    return out / "sft.pt"
+SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
 
 def tiny(out, sft_file, **kw):
-    Path(out).mkdir(parents=True, exist_ok=True)
-    if not (Path(out) / "sft.pt").exists():
-        shutil.copy(sft_file, Path(out) / "sft.pt")
+    with_sft(out, sft_file)
     base = dict(out_dir=str(out), steps=4, prompts=4, group_size=4, eval_tasks=8, eval_samples=1, progress=False,
                 checkpoint_every=2, sft=SFT)
     base.update(kw)
