@@ -29,7 +29,7 @@ from mimo_kit.config.base import Config, ConfigError
 @dataclasses.dataclass(frozen=True)
 class Publication:
     """A committed file made from a run's ``result.json``: ``dest`` under ``data/`` (``{preset}`` is filled in);
-    ``render`` turns the result into the file's text (``None``: the result as JSON)."""
+    ``render`` turns the result into the file's text, or its bytes for a figure (``None``: the result as JSON)."""
 
     dest: str
     render: Callable[[dict], str] | None = None

@@ -78,6 +78,9 @@ def publish(names: list[str] | None = None, *, runs: Path | str = "runs", data: 
                 text = pub.render(result) if pub.render else json.dumps(result, indent=1) + "\n"
                 if not dry_run:
                     dest.parent.mkdir(parents=True, exist_ok=True)
-                    dest.write_text(text)
+                    if isinstance(text, bytes):  # a rendered figure (PNG)
+                        dest.write_bytes(text)
+                    else:
+                        dest.write_text(text)
                 done.append(Published(dest, d / "result.json", tuple(info.get("overrides", ()))))
     return done, missing

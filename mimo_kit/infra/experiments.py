@@ -1,7 +1,7 @@
 """Chapter 6's infrastructure experiments for ``mimo-kit run`` (Report §6).
 
     mimo-kit run mixer-sim --preset tiny        # the Sample Mixer's trace-driven simulation (Figure 16)
-    mimo-kit results mixer-sim                  # publish data/infra/mixer_sim_tiny.json and .md
+    mimo-kit results mixer-sim                  # publish data/infra/mixer_sim_tiny.json, .md and .png
     mimo-kit run consistency --preset tiny      # train–inference mismatch under QDQ × R3 × top-p replay
 
 Result format (:func:`mimo_kit.infra.mixer_sim.run_mixer_sim`): ``arms.<α>`` per-seed rows (occupancy mean and
@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.infra.consistency import ConsistencyConfig, measure_consistency
-from mimo_kit.infra.mixer_sim import MixerSimConfig, run_mixer_sim, table
+from mimo_kit.infra.mixer_sim import MixerSimConfig, figure_png, run_mixer_sim, table
 
 
 @experiment("mixer-sim", MixerSimConfig, chapter="ch06",
             publishes=(Publication("infra/mixer_sim_{preset}.json"),
-                       Publication("infra/mixer_sim_{preset}.md", render=table)))
+                       Publication("infra/mixer_sim_{preset}.md", render=table),
+                       Publication("infra/mixer_sim_{preset}.png", render=figure_png)))
 def mixer_sim(cfg: MixerSimConfig) -> dict:
     """The Sample Mixer in a trace-driven simulation: α = 0 / 0.5 / 1 and sample replay (Report §6, Fig. 16)."""
     return run_mixer_sim(cfg)

@@ -372,3 +372,19 @@ def figure(res: dict):
     ax[2].legend()
     fig.tight_layout()
     return fig
+
+
+def figure_png(res: dict) -> bytes:
+    """:func:`figure` as PNG bytes (the committed ``data/infra/mixer_sim_<preset>.png``)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = figure(res)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
