@@ -378,9 +378,6 @@ def figure_png(res: dict) -> bytes:
     """:func:`figure` as PNG bytes (the committed ``data/infra/mixer_sim_<preset>.png``)."""
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig = figure(res)

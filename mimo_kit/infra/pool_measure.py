@@ -173,9 +173,6 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
 # ---- figures -------------------------------------------------------------------------------------------------------
 def plot_scaling(rows: Sequence[dict], path: str | None = None):
     """Actors alive, GCS + raylet file descriptors and throughput vs concurrent rollouts, both sides."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
@@ -204,9 +201,6 @@ def plot_scaling(rows: Sequence[dict], path: str | None = None):
 
 def plot_porter(rows: Sequence[dict], path: str | None = None):
     """What the driver holds (pickled MB) and its RSS growth vs payload per trajectory, with and without porter."""
-    import matplotlib
-
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
