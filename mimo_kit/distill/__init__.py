@@ -3,6 +3,7 @@
 | file | idea |
 |---|---|
 | ``qwen`` | the published Qwen3.5-9B config as a transformers ``Qwen3_5Config``; parameters counted on meta |
+| ``sft`` | trace SFT with TRL (assistant-only loss, optional PEFT LoRA) and the per-domain loss-token table |
 
 Planned: trace SFT with TRL + PEFT, loss-token accounting, RL on the distilled model, multi-harness evaluation
 (notebook ``ch07_distill``). ``mimo-kit plan --preset qwen3.5-9b`` already sizes the student's training memory.
