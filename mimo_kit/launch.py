@@ -31,8 +31,9 @@ from pathlib import Path
 
 from mimo_kit.config.base import Config, ConfigError
 
-#: experiments whose loop reads the ranks torchrun sets (the rest refuse a world of more than one process)
-DISTRIBUTED = ("pretrain", "rl")
+#: experiments whose loop reads the ranks torchrun sets (the rest refuse a world of more than one process);
+#: distill-sft: the Hugging Face Trainer reads them itself
+DISTRIBUTED = ("pretrain", "rl", "distill-sft")
 
 
 def _format(value: object) -> str:

@@ -2,9 +2,12 @@
 
     mimo-kit run make-traces --preset tiny      # the four domains' trace sets, validated and graded
     mimo-kit results make-traces                # publish data/distill/traces_{code,cyber,general,visual}.jsonl
+    mimo-kit run distill-sft --preset tiny      # SFT of a tiny Qwen3.5 on the shipped traces
+    mimo-kit run distill-sft lora=true
+    mimo-kit launch distill-sft --nnodes 4 --nproc-per-node 8 --dry-run model=/models/Qwen3.5-9B bf16=true
 
-Result format: ``traces.<domain>`` the traces (the format of :mod:`mimo_kit.distill.traces`), ``summary.<domain>``
-{n, available, passed, bytes, teachers, harnesses}.
+Result format of ``make-traces``: ``traces.<domain>`` the traces (the format of :mod:`mimo_kit.distill.traces`),
+``summary.<domain>`` {n, available, passed, bytes, teachers, harnesses}.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import collections
 import dataclasses
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.distill.sft import DistillSFTConfig, run_distill_sft
 from mimo_kit.distill.traces import DOMAINS, available, dumps_traces, make_traces, validate_trace
 from mimo_kit.experiments import Publication, experiment
 
@@ -64,3 +68,9 @@ def run_make_traces(cfg: MakeTracesConfig) -> dict:
                       "teachers": dict(collections.Counter(t.teacher for t in ts)),
                       "harnesses": dict(sorted(collections.Counter(t.harness for t in ts).items()))}
     return {"summary": summary, "traces": traces}
+
+
+@experiment("distill-sft", DistillSFTConfig, chapter="ch07")
+def distill_sft(cfg: DistillSFTConfig) -> dict:
+    """Trace SFT with TRL (assistant-only loss, optional LoRA): the student, its loss log and loss-token table."""
+    return run_distill_sft(cfg)

@@ -1,0 +1,339 @@
+"""Trace SFT: a Qwen3.5-architecture student fine-tuned on MiMo-style agent traces with TRL (Report §7).
+
+Report §7 distils MiMo-V2.6 traces into Qwen3.5-9B: 77.4B tokens, 27.2B of them carrying loss (35%). The loss is
+on the assistant turns only: system prompts, user turns and tool outputs are context the student reads, not text it
+learns to write. This module is that step at toy scale:
+
+- **traces**: the kit's trace format (:mod:`mimo_kit.distill.traces`: one JSON object per line, ChatML roles,
+  assistant tool calls as ``{"name", "arguments": {...}}``), by default the shipped per-domain sets the kit's own
+  teachers wrote; :func:`read_traces` validates every line and names the file and line of a bad one;
+- **tokenizer**: a byte-level BPE trained locally on the traces' text (cached under the kit cache, never
+  downloaded), with the kit's Qwen-style ChatML template (:data:`mimo_kit.pretrain.tokenizer.CHAT_TEMPLATE`),
+  whose ``{% generation %}`` markers wrap each assistant turn: ``apply_chat_template(...,
+  return_assistant_tokens_mask=True)`` marks the assistant content, its tool calls (rendered as text) and the
+  closing ``<|im_end|>``;
+- **training**: TRL's ``SFTTrainer`` with ``SFTConfig(assistant_only_loss=True)`` on a ``{"messages": [...]}``
+  dataset, full fine-tuning or PEFT LoRA (``peft_config=``), merged and saved with ``save_pretrained`` so the run
+  folder's ``model/`` is a plain transformers checkpoint;
+- **accounting**: :func:`loss_token_table`, the report's table per domain (traces, tokens, loss tokens, loss
+  share), from the same chat-template tokenization and ``keep_start`` truncation the trainer applies.
+
+Truncation. A trace longer than ``max_length`` is cut to its first ``max_length`` tokens (TRL's
+``truncation_mode="keep_start"``); its tokens and loss tokens are counted after the cut, and a trace left with no
+loss token is dropped by TRL and counted in ``dropped``. The table therefore counts exactly what the model trains on.
+
+Under ``torchrun`` the Hugging Face ``Trainer`` reads ``RANK``/``WORLD_SIZE`` itself (DDP, or FSDP through
+accelerate's config), which is why ``distill-sft`` is in :data:`mimo_kit.launch.DISTRIBUTED`; :func:`recipe_9b`
+gives the overrides and launch lines of the 9B run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.distill.traces import DOMAINS, TraceError, load_traces
+
+TINY = "tiny-qwen3.5"
+
+#: The tiny student: Qwen3.5's layout (3 Gated DeltaNet layers then 1 gated full-attention layer, SwiGLU FFN,
+#: untied head) at CPU-second dims; the 9B values are :data:`mimo_kit.distill.qwen.QWEN35_9B`.
+TINY_QWEN35: dict[str, Any] = {
+    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_conv_kernel_dim": 4,
+    "layer_types": ["linear_attention"] * 3 + ["full_attention"], "max_position_embeddings": 4096,
+    "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+}
+
+
+@dataclasses.dataclass
+class DistillSFTConfig(Config):
+    """Trace SFT of a student (Report §7): model, traces, optimisation, LoRA, run folder."""
+
+    model: str = knob(TINY, "'tiny-qwen3.5' (random Qwen3.5-architecture LM at toy dims) or a local folder of "
+                      "any transformers causal LM (the 9B run: the Qwen3.5-9B checkpoint's folder)")
+    traces: tuple[str, ...] = knob((), "JSONL trace files or globs; empty: the shipped sets data/distill/traces_"
+                                   "{code,cyber,general,visual}.jsonl (written by make-traces)")
+    steps: int = knob(12, "optimizer steps: a CPU-seconds run; the report trains on 77.4B tokens", min=1)
+    batch_size: int = knob(4, "sequences per device per step", min=1)
+    grad_accum: int = knob(1, "gradient-accumulation steps per optimizer step", min=1)
+    lr: float = knob(2e-3, "a random toy model needs a large step; fine-tuning a real 9B uses ~1e-5 (full) or "
+                     "~1e-4 (LoRA)", min=0.0)
+    warmup_steps: int = knob(0, "linear warm-up steps; none at toy scale", min=0)
+    max_length: int = knob(1024, "tokens per trace, longer ones keep their start (the report does not publish "
+                           "its context; agent traces run to 100K+ at scale)", min=16)
+    vocab_size: int = knob(512, "entries of the locally trained BPE (tiny model or a folder without tokenizer)",
+                           min=266)
+    lora: bool = knob(False, "freeze the base and train PEFT LoRA adapters (merged into the saved model)")
+    lora_rank: int = knob(8, "adapter rank r: small, the toy model's hidden size is 64", min=1)
+    lora_alpha: int = knob(16, "LoRA scale alpha = 2r, the common setting", min=1)
+    lora_targets: tuple[str, ...] = knob(
+        ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"),
+        "the projections of both Qwen3.5 layer kinds (full attention, Gated DeltaNet), as the memory planner")
+    bf16: bool = knob(False, "bf16 compute (GPU runs: Report §3's precision); the CPU toy run is fp32")
+    gradient_checkpointing: bool = knob(False, "recompute layers in backward: on for the 9B run, off for the toy")
+    seed: int = knob(0, "seeds model init and data order")
+    out_dir: str = knob("runs/distill-sft", "run folder: tokenizer, model/, loss-token table, loss log")
+
+    PRESETS = {"tiny": {}, "small": {"steps": 200, "max_length": 2048}}
+
+    def check(self) -> None:  # the model folder is checked when the run loads it (a dry-run may name a remote path)
+        if self.lora and not self.lora_targets:
+            raise ConfigError("DistillSFTConfig.lora_targets: empty, but lora=true needs modules to adapt")
+
+
+# ---- traces -------------------------------------------------------------------------------------------------------
+#: The shipped trace sets (``mimo-kit run make-traces`` + ``mimo-kit results make-traces``), one per domain.
+SHIPPED = tuple(f"traces_{d}.jsonl" for d in DOMAINS)
+
+
+def shipped_traces() -> list[str]:
+    """Paths of the shipped trace sets under ``data/distill/`` (what ``traces=[]`` trains on)."""
+    from mimo_kit.results import DATA_DIR
+
+    return [str(DATA_DIR / "distill" / name) for name in SHIPPED]
+
+
+def read_traces(paths: str | Path | list | tuple) -> list[dict]:
+    """Read JSONL trace files or globs, every line validated by :func:`mimo_kit.distill.traces.load_traces` (an
+    error names the file and line); the traces as dicts."""
+    names = [str(paths)] if isinstance(paths, (str, Path)) else [str(p) for p in paths]
+    files = [Path(f) for n in names for f in (sorted(glob.glob(n)) if glob.has_magic(n) else [n])]
+    out = []
+    for path in files:
+        if not path.is_file():
+            raise TraceError(f"{path}: no such trace file")
+        out += [t.to_dict() for t in load_traces(path)]
+    if not out:
+        raise TraceError(f"{', '.join(names)}: no traces")
+    return out
+
+
+def chat_messages(trace: dict) -> list[dict]:
+    """A trace's messages as the chat template reads them. Tool-call arguments become JSON text: an Arrow dataset
+    unifies dict keys across rows (a missing key turns into null), so text is the form that survives it."""
+    out = []
+    for m in trace["messages"]:
+        calls = [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}
+                 for c in m.get("tool_calls") or []]
+        out.append({"role": m["role"], "content": m["content"], "tool_calls": calls or None,
+                    "name": m.get("name")})
+    return out
+
+
+def build_dataset(traces: list[dict]):
+    """The SFTTrainer dataset: ``{"messages": [...], "domain": str}`` per trace (the Trainer drops ``domain``)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"messages": chat_messages(t), "domain": t["domain"]} for t in traces])
+
+
+# ---- tokenizer ----------------------------------------------------------------------------------------------------
+def _trace_text(traces: list[dict]) -> list[str]:
+    texts = []
+    for t in traces:
+        for m in t["messages"]:
+            texts.append(m["content"])
+            texts += [json.dumps({"name": c["name"], "arguments": c["arguments"]}) for c in m.get("tool_calls") or []]
+    return texts
+
+
+def trace_tokenizer(traces: list[dict], vocab_size: int = 512, cache_dir: str | Path | None = None):
+    """A byte-level BPE of at most ``vocab_size`` entries trained on the traces' text, with ChatML special tokens
+    and the kit's generation-marked chat template; cached by a hash of the text and settings (Report §7)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from mimo_kit.pretrain.tokenizer import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, cache_root
+
+    texts = _trace_text(traces)
+    h = hashlib.sha256(json.dumps([vocab_size, SPECIAL_TOKENS, CHAT_TEMPLATE]).encode())
+    for text in texts:
+        h.update(text.encode())
+    folder = Path(cache_dir or cache_root() / "tokenizers") / f"sft-bpe-{vocab_size}-{h.hexdigest()[:12]}"
+    if not (folder / "tokenizer.json").is_file():
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
+                                       additional_special_tokens=SPECIAL_TOKENS[2:], model_max_length=1 << 20)
+        fast.chat_template = CHAT_TEMPLATE
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        fast.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)  # atomic: a concurrent process sees the whole folder or trains its own
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+# ---- accounting ---------------------------------------------------------------------------------------------------
+def tokenize_trace(tokenizer, messages: list[dict], max_length: int | None = None) -> tuple[list[int], list[int]]:
+    """``(input_ids, assistant_mask)`` as SFTTrainer builds them: the chat template with
+    ``return_assistant_tokens_mask=True``, then the first ``max_length`` tokens (``keep_start``)."""
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = list(out["input_ids"]), list(out["assistant_masks"])
+    return (ids[:max_length], mask[:max_length]) if max_length else (ids, mask)
+
+
+def loss_token_table(dataset, tokenizer, max_length: int | None = None) -> list[dict]:
+    """The report's loss-token table (Report §7: 77.4B tokens, 27.2B with loss) per domain and in total: traces,
+    tokens, loss tokens (assistant mask), loss share, traces truncated to ``max_length``, traces dropped (no loss
+    token left after the cut). ``dataset``: rows with ``messages`` and ``domain`` (:func:`build_dataset`)."""
+    rows: dict[str, dict] = {}
+    for ex in dataset:
+        ids, mask = tokenize_trace(tokenizer, ex["messages"])
+        kept_ids, kept_mask = (ids[:max_length], mask[:max_length]) if max_length else (ids, mask)
+        r = rows.setdefault(ex["domain"], {"domain": ex["domain"], "traces": 0, "tokens": 0, "loss_tokens": 0,
+                                           "truncated": 0, "dropped": 0})
+        if not any(kept_mask):
+            r["dropped"] += 1
+            continue
+        r["traces"] += 1
+        r["tokens"] += len(kept_ids)
+        r["loss_tokens"] += sum(kept_mask)
+        r["truncated"] += len(ids) > len(kept_ids)
+    table = [rows[d] for d in DOMAINS if d in rows]
+    total = {"domain": "total", **{k: sum(r[k] for r in table) for k in ("traces", "tokens", "loss_tokens",
+                                                                          "truncated", "dropped")}}
+    for r in [*table, total]:
+        r["loss_share"] = round(r["loss_tokens"] / r["tokens"], 4) if r["tokens"] else 0.0
+    return [*table, total]
+
+
+def format_table(table: list[dict]) -> str:
+    """The table as markdown (Report §7's form: tokens, loss tokens, share)."""
+    lines = ["| domain | traces | tokens | loss tokens | loss share | truncated | dropped |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['domain']} | {r['traces']} | {r['tokens']:,} | {r['loss_tokens']:,} | {r['loss_share']:.1%} | "
+              f"{r['truncated']} | {r['dropped']} |" for r in table]
+    return "\n".join(lines)
+
+
+# ---- model and training -------------------------------------------------------------------------------------------
+def tiny_qwen35(vocab_size: int, seed: int = 0):
+    """A randomly initialised ``Qwen3_5ForCausalLM`` (the text-only Qwen3.5 LM) at :data:`TINY_QWEN35` dims."""
+    import torch
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(Qwen3_5TextConfig(vocab_size=vocab_size, **TINY_QWEN35))
+
+
+def load_student(cfg: DistillSFTConfig, traces: list[dict]):
+    """``(model, tokenizer)``: the tiny model with a trace BPE, or a local folder's model with its own tokenizer
+    (or a trace BPE when the folder has none, which must fit the model's vocabulary)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cfg.model == TINY:
+        tok = trace_tokenizer(traces, cfg.vocab_size)
+        return tiny_qwen35(len(tok), cfg.seed), tok
+    folder = Path(cfg.model)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"DistillSFTConfig.model: got {cfg.model!r}, expected {TINY!r} or a local folder "
+                          "holding a transformers causal LM (config.json and weights, from save_pretrained)")
+    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    has_tok = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+    tok = AutoTokenizer.from_pretrained(folder) if has_tok else trace_tokenizer(traces, cfg.vocab_size)
+    vocab = model.get_input_embeddings().num_embeddings
+    if len(tok) > vocab:
+        raise ConfigError(f"DistillSFTConfig: the tokenizer has {len(tok)} entries but {folder}'s model embeds "
+                          f"{vocab}; lower vocab_size or ship the model's tokenizer in the folder")
+    return model, tok
+
+
+def _sft_args(cfg: DistillSFTConfig, out: Path):
+    import torch
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=str(out / "trainer"), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type="constant" if cfg.warmup_steps == 0 else "linear", weight_decay=0.0,
+        max_length=cfg.max_length, truncation_mode="keep_start", assistant_only_loss=True, packing=False,
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
+        bf16=cfg.bf16, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=cfg.gradient_checkpointing,
+        dataloader_num_workers=0, dataset_num_proc=None,
+    )
+
+
+def build_trainer(cfg: DistillSFTConfig, traces: list[dict], out: Path | None = None):
+    """The ``SFTTrainer`` of a run (not yet trained): model, tokenizer, dataset, optional LoRA."""
+    from trl import SFTTrainer
+
+    out = Path(out or cfg.out_dir)
+    model, tok = load_student(cfg, traces)
+    peft_config = None
+    if cfg.lora:
+        from peft import LoraConfig
+
+        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        targets = [t for t in cfg.lora_targets if t in present]
+        if not targets:
+            raise ConfigError(f"DistillSFTConfig.lora_targets: none of {list(cfg.lora_targets)} is a module of "
+                              f"the model; it has e.g. {sorted(present)[:12]}")
+        peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
+                                 target_modules=targets, task_type="CAUSAL_LM")
+    return SFTTrainer(model=model, args=_sft_args(cfg, out), train_dataset=build_dataset(traces),
+                      processing_class=tok, peft_config=peft_config)
+
+
+def run_distill_sft(cfg: DistillSFTConfig) -> dict:
+    """Train the student on the traces; save ``model/`` (transformers format, LoRA merged), the loss-token table
+    and the loss log into ``cfg.out_dir`` (Report §7)."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sources = list(cfg.traces) or shipped_traces()
+    traces = read_traces(sources)
+    trainer = build_trainer(cfg, traces, out)
+    table = loss_token_table(build_dataset(traces), trainer.processing_class, cfg.max_length)
+    trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in trainer.model.parameters())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    model = trainer.model
+    if cfg.lora:
+        model = model.merge_and_unload()  # a plain transformers model: serve --model loads it without PEFT
+    model_dir = out / "model"
+    model.save_pretrained(model_dir)
+    trainer.processing_class.save_pretrained(model_dir)
+    (out / "loss_tokens.md").write_text(format_table(table) + "\n")
+    result = {"model_dir": str(model_dir), "traces": sources, "table": table, "losses": losses,
+              "trainable_params": trainable, "params": total, "lora": cfg.lora, "steps": cfg.steps}
+    (out / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def recipe_9b(model_dir: str = "/models/Qwen3.5-9B", traces: tuple[str, ...] = ("traces/*.jsonl",)) -> dict:
+    """The 9B run of Report §7 as config overrides, its launch lines (1 × 8 and 4 × 8 H200) and memory plans.
+
+    ``model_dir`` is a placeholder for a local copy of the Qwen3.5-9B checkpoint (the kit downloads nothing);
+    full fine-tuning in bf16 with checkpointing, sharded with FSDP over the world (the plan rows say why: a
+    replica's weights, gradients and AdamW state do not fit one GPU)."""
+    from mimo_kit.infra.plan import plan_table
+    from mimo_kit.launch import torchrun_command
+
+    overrides = {"model": model_dir, "traces": list(traces), "lora": False, "bf16": True,
+                 "gradient_checkpointing": True, "max_length": 32768, "batch_size": 1, "grad_accum": 8,
+                 "lr": 1e-5, "warmup_steps": 100, "steps": 10000, "out_dir": "runs/distill-sft-9b"}
+    args = " ".join(f"{k}={json.dumps(v) if isinstance(v, list) else v}" for k, v in overrides.items())
+    launch = {f"{n}x8": torchrun_command("distill-sft", "runs/distill-sft-9b/config.yaml", nnodes=n,
+                                         nproc_per_node=8, out="runs/distill-sft-9b") for n in (1, 4)}
+    plans = {f"{n}x8": plan_table("qwen3.5-9b", nodes=n, fsdp=True, seq_len=overrides["max_length"])
+             for n in (1, 4)}
+    return {"overrides": overrides, "prepare": f"mimo-kit launch distill-sft --nnodes 1 --nproc-per-node 8 "
+            f"--dry-run --out runs/distill-sft-9b {args}", "launch": launch, "plans": plans}
