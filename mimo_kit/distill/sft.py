@@ -67,8 +67,8 @@ class DistillSFTConfig(Config):
     lr: float = knob(2e-3, "a random toy model needs a large step; fine-tuning a real 9B uses ~1e-5 (full) or "
                      "~1e-4 (LoRA)", min=0.0)
     warmup_steps: int = knob(0, "linear warm-up steps; none at toy scale", min=0)
-    max_length: int = knob(1024, "tokens per trace, longer ones keep their start (the report does not publish "
-                           "its context; agent traces run to 100K+ at scale)", min=16)
+    max_length: int = knob(4096, "tokens per trace, longer ones keep their start: the shipped traces fit whole "
+                           "(the report does not publish its context; agent traces run to 100K+ at scale)", min=16)
     vocab_size: int = knob(512, "entries of the locally trained BPE (tiny model or a folder without tokenizer)",
                            min=266)
     lora: bool = knob(False, "freeze the base and train PEFT LoRA adapters (merged into the saved model)")
@@ -82,7 +82,7 @@ class DistillSFTConfig(Config):
     seed: int = knob(0, "seeds model init and data order")
     out_dir: str = knob("runs/distill-sft", "run folder: tokenizer, model/, loss-token table, loss log")
 
-    PRESETS = {"tiny": {}, "small": {"steps": 200, "max_length": 2048}}
+    PRESETS = {"tiny": {}, "small": {"steps": 200}}
 
     def check(self) -> None:  # the model folder is checked when the run loads it (a dry-run may name a remote path)
         if self.lora and not self.lora_targets:
