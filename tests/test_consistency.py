@@ -2,7 +2,7 @@
 
 import pytest
 
-from mimo_kit.infra.consistency import ConsistencyConfig, consistency_rows, label, measure_consistency
+from mimo_kit.rl.consistency import ConsistencyConfig, consistency_rows, label, measure_consistency
 
 
 def by_label(result) -> dict[str, dict]:

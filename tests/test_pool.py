@@ -9,16 +9,14 @@ from mimo_kit.infra.pool import (
     ActorPerRollout,
     FailingBuild,
     HarnessPool,
-    RepoBuild,
-    SeededToyEngine,
     TenantSpec,
-    ToyBuild,
     open_fds,
     ray_processes,
     start_local_head,
     stop_local_head,
 )
 from mimo_kit.infra.porter import LocalStore, Porter, RayStore, ray_rollout_worker
+from mimo_kit.rl.toy.pooled import RepoBuild, SeededToyEngine, ToyBuild
 from mimo_kit.rl.toy.world import episodes, make_tasks, rollout_settings
 from mimo_kit.rl.trajectory import flatten
 
@@ -184,7 +182,8 @@ def test_ray_porter_learner_reassembles_the_same_samples(ray_head):
 
     tasks, engine = make_tasks(4, 13), SeededToyEngine(4, layers=8, k=2)
     worker = ray_rollout_worker(engine, SETTINGS)
-    manifests = ray.get(worker.run_toy.remote(tasks, 4, True))  # the driver gets the control plane only
+    groups = [(t.task_id, [ToyBuild(t)] * 4) for t in tasks]
+    manifests = ray.get(worker.run_built.remote(groups, True))  # the driver gets the control plane only
     assert all(isinstance(k, ray.ObjectRef) for m in manifests for k in m.keys)
     ref = reference(tasks, 4, engine)
     assert [m.rewards for m in manifests] == [[q.reward for q in s.sequences] for s in ref]

@@ -2,7 +2,6 @@
 
     mimo-kit run mixer-sim --preset tiny        # the Sample Mixer's trace-driven simulation (Figure 16)
     mimo-kit results mixer-sim                  # publish data/infra/mixer_sim_tiny.json, .md and .png
-    mimo-kit run consistency --preset tiny      # train–inference mismatch under QDQ × R3 × top-p replay
 
 Result format (:func:`mimo_kit.infra.mixer_sim.run_mixer_sim`): ``arms.<α>`` per-seed rows (occupancy mean and
 CV, imbalance, combined criterion, step time, KV overflow rate, surplus), ``summary.<α>.<metric>`` as {mean, sd,
@@ -13,7 +12,6 @@ start and the resume with and without replay, ``claim`` whether α = 0.5 beats b
 from __future__ import annotations
 
 from mimo_kit.experiments import Publication, experiment
-from mimo_kit.infra.consistency import ConsistencyConfig, measure_consistency
 from mimo_kit.infra.mixer_sim import MixerSimConfig, figure_png, run_mixer_sim, table
 
 
@@ -25,8 +23,3 @@ def mixer_sim(cfg: MixerSimConfig) -> dict:
     """The Sample Mixer in a trace-driven simulation: α = 0 / 0.5 / 1 and sample replay (Report §6, Fig. 16)."""
     return run_mixer_sim(cfg)
 
-
-@experiment("consistency", ConsistencyConfig, chapter="ch06")
-def consistency(cfg: ConsistencyConfig) -> dict:
-    """Train–inference log-prob mismatch of one MXFP4 rollout batch under QDQ × R3 × top-p replay (Report §6.1)."""
-    return measure_consistency(cfg)

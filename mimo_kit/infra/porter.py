@@ -154,10 +154,11 @@ class RolloutWorker:
         samples = rollout.play(self.engine, groups, self.settings)
         return self.porter.ship(samples) if porter else samples
 
-    def run_toy(self, tasks: Sequence[Any], group_size: int, porter: bool = True) -> list[Any]:
-        from mimo_kit.rl.toy.world import episodes
-
-        return self.run([episodes(t, group_size) for t in tasks], porter)
+    def run_built(self, groups: Sequence[tuple[str, Sequence[Any]]], porter: bool = True) -> list[Any]:
+        """:meth:`run` on groups of episode builders (``build(shared) → Episode``, e.g. the worlds' tenant builders
+        in :mod:`mimo_kit.rl.toy.pooled`): the episodes are made here, in the worker, not shipped to it."""
+        shared: dict = {}
+        return self.run([(gid, [build(shared) for build in builds]) for gid, builds in groups], porter)
 
 
 def ray_rollout_worker(engine: Any, settings: Any) -> Any:

@@ -48,6 +48,7 @@ import torch
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
+from mimo_kit.rl.consistency import ConsistencyConfig, measure_consistency
 from mimo_kit.rl.multi_harness import SeedsConfig, run_seeds
 from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.toy.world import expert_dataset, make_tasks
@@ -418,3 +419,9 @@ COMPARISONS: dict[str, Callable[[CompareConfig], dict]] = {
 def multi_harness(cfg: SeedsConfig) -> dict:
     """SFT → RL in the repo world per seed; held-out pass@1 and Table 7's per-harness gain, mean ± sd over seeds."""
     return run_seeds(cfg)
+
+
+@experiment("consistency", ConsistencyConfig, chapter="ch06")
+def consistency(cfg: ConsistencyConfig) -> dict:
+    """Train–inference log-prob mismatch of one MXFP4 rollout batch under QDQ × R3 × top-p replay (Report §6.1)."""
+    return measure_consistency(cfg)

@@ -26,13 +26,12 @@ from mimo_kit.infra import rollout
 from mimo_kit.infra.pool import (
     ActorPerRollout,
     HarnessPool,
-    SeededToyEngine,
-    ToyBuild,
     open_fds,
     ray_processes,
     start_local_head,
     stop_local_head,
 )
+from mimo_kit.rl.toy.pooled import SeededToyEngine, ToyBuild
 from mimo_kit.rl.toy.world import make_tasks, rollout_settings
 
 
@@ -150,10 +149,12 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
                                             return_candidates=True)
                 worker = ray_rollout_worker(SeededToyEngine(seed, layers=max(n_layers, 1), k=k, n_experts=64,
                                                             n_candidates=4), settings)
-                ray.get(worker.run_toy.remote(task_list[:1], 1, False))  # the worker is warm
+                warm = [(task_list[0].task_id, [ToyBuild(task_list[0])])]
+                ray.get(worker.run_built.remote(warm, False))  # the worker is warm
                 before = _rss()
                 t0 = time.perf_counter()
-                held = ray.get(worker.run_toy.remote(task_list, group, use_porter))
+                held = ray.get(worker.run_built.remote([(t.task_id, [ToyBuild(t)] * group) for t in task_list],
+                                                      use_porter))
                 wall = time.perf_counter() - t0
                 after = _rss()
                 holds = len(pickle.dumps(held))
