@@ -152,6 +152,17 @@ def progress(eng) -> int:
     return requests.get(eng.url + "/get_server_info", timeout=10).json()["tokens_generated"]
 
 
+def decoding(eng, request) -> tuple[threading.Thread, dict]:
+    """Start ``eng.generate([request])`` in a thread and return once it is decoding: (thread, {"out": outputs})."""
+    result: dict = {}
+    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([request])))
+    start = progress(eng)
+    th.start()
+    while progress(eng) == start and th.is_alive():
+        time.sleep(0.001)
+    return th, result
+
+
 def _step_logsoftmax(model, ids) -> torch.Tensor:
     """log softmax(z) [V] of the next token after ``ids`` (T = 1), one full forward."""
     x = torch.tensor([ids])
@@ -258,12 +269,7 @@ def test_abort_and_resume(factory):
     name, make, engine = factory
     eng = engine(make(), seed=2)
     r = req("a", [1, 2, 3], 120, temperature=1.0)
-    result = {}
-    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([r])))
-    start = progress(eng)
-    th.start()
-    while progress(eng) == start and th.is_alive():
-        time.sleep(0.0005)
+    th, result = decoding(eng, r)
     eng.abort()
     th.join()
     part = result["out"][0]
@@ -371,12 +377,7 @@ def test_serve_abort_one_request_in_flight(kit_server):
     from mimo_kit.infra.sglang import SGLangEngine
 
     eng = remote_engine_at(kit_server)
-    result = {}
-    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("cut-me", [1, 2], 400)])))
-    start = progress(eng)
-    th.start()
-    while progress(eng) == start and th.is_alive():
-        time.sleep(0.001)
+    th, result = decoding(eng, req("cut-me", [1, 2], 400))
     eng.abort_request("cut-me")
     th.join(30)
     o = result["out"][0]
@@ -389,12 +390,7 @@ def test_serve_abort_one_request_in_flight(kit_server):
 def test_serve_pause_in_place_holds_and_continues(kit_server):
     """``/pause_generation`` in_place holds the decode loop; ``/continue_generation`` finishes the request."""
     eng = remote_engine_at(kit_server)
-    result = {}
-    th = threading.Thread(target=lambda: result.setdefault("out", eng.generate([req("p", [3, 4], 200)])))
-    start = progress(eng)
-    th.start()
-    while progress(eng) == start and th.is_alive():
-        time.sleep(0.001)
+    th, result = decoding(eng, req("p", [3, 4], 200))
     eng.pause_generation("in_place")
     time.sleep(0.05)
     held = progress(eng)

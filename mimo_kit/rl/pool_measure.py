@@ -172,6 +172,17 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
 
 
 # ---- figures -------------------------------------------------------------------------------------------------------
+def _saved(fig, path: str | None):
+    """Lay out ``fig``; with ``path`` write it as PNG (the benchmark's figure) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    if path:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
 def plot_scaling(rows: Sequence[dict], path: str | None = None):
     """Actors alive, GCS + raylet file descriptors and throughput vs concurrent rollouts, both sides."""
     import matplotlib.pyplot as plt
@@ -193,11 +204,7 @@ def plot_scaling(rows: Sequence[dict], path: str | None = None):
     axes[2].set_yscale("log")
     axes[0].legend()
     fig.suptitle("Harness pool (2 persistent actors) vs one actor per rollout (Report §6)")
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+    return _saved(fig, path)
 
 
 def plot_porter(rows: Sequence[dict], path: str | None = None):
@@ -217,8 +224,4 @@ def plot_porter(rows: Sequence[dict], path: str | None = None):
         ax.grid(alpha=0.3)
     axes[0].legend()
     fig.suptitle("Payload porter: the driver keeps the control plane (Report §6)")
-    fig.tight_layout()
-    if path:
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-    return fig
+    return _saved(fig, path)
