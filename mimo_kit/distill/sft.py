@@ -10,8 +10,10 @@ learns to write. This module is that step at toy scale:
 - **tokenizer**: a byte-level BPE trained locally on the traces' text (cached under the kit cache, never
   downloaded), with the kit's Qwen-style ChatML template (:data:`mimo_kit.pretrain.tokenizer.CHAT_TEMPLATE`),
   whose ``{% generation %}`` markers wrap each assistant turn: ``apply_chat_template(...,
-  return_assistant_tokens_mask=True)`` marks the assistant content, its tool calls (rendered as text) and the
-  closing ``<|im_end|>``;
+  return_assistant_tokens_mask=True)`` marks the assistant content and the closing ``<|im_end|>``. A trace's
+  assistant content is already its action as the harness's format spells it, which is what the harness reads at
+  RL time; the parsed ``tool_calls`` are rendered again as ``<tool_call>`` blocks only with
+  ``render_tool_calls=true`` (traces whose content does not spell the calls);
 - **training**: TRL's ``SFTTrainer`` with ``SFTConfig(assistant_only_loss=True)`` on a ``{"messages": [...]}``
   dataset, full fine-tuning or PEFT LoRA (``peft_config=``), merged and saved with ``save_pretrained`` so the run
   folder's ``model/`` is a plain transformers checkpoint;
@@ -78,6 +80,9 @@ class DistillSFTConfig(Config):
         ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"),
         "the projections of both Qwen3.5 layer kinds (full attention, Gated DeltaNet), as the memory planner")
     bf16: bool = knob(False, "bf16 compute (GPU runs: Report §3's precision); the CPU toy run is fp32")
+    render_tool_calls: bool = knob(False, "also render each turn's parsed tool_calls as <tool_call> blocks; off: the "
+                                   "content already spells the action in its harness's format, and the student "
+                                   "must write it once, as the harness reads it in RL")
     gradient_checkpointing: bool = knob(False, "recompute layers in backward: on for the 9B run, off for the toy")
     seed: int = knob(0, "seeds model init and data order")
     out_dir: str = knob("runs/distill-sft", "run folder: tokenizer, model/, loss-token table, loss log")
@@ -116,23 +121,24 @@ def read_traces(paths: str | Path | list | tuple) -> list[dict]:
     return out
 
 
-def chat_messages(trace: dict) -> list[dict]:
-    """A trace's messages as the chat template reads them. Tool-call arguments become JSON text: an Arrow dataset
-    unifies dict keys across rows (a missing key turns into null), so text is the form that survives it."""
+def chat_messages(trace: dict, tool_calls: bool = False) -> list[dict]:
+    """A trace's messages as the chat template reads them; ``tool_calls``: keep the parsed calls, which the
+    template renders after the content. Tool-call arguments become JSON text: an Arrow dataset unifies dict keys
+    across rows (a missing key turns into null), so text is the form that survives it."""
     out = []
     for m in trace["messages"]:
         calls = [{"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}
-                 for c in m.get("tool_calls") or []]
+                 for c in (m.get("tool_calls") or [] if tool_calls else [])]
         out.append({"role": m["role"], "content": m["content"], "tool_calls": calls or None,
                     "name": m.get("name")})
     return out
 
 
-def build_dataset(traces: list[dict]):
+def build_dataset(traces: list[dict], tool_calls: bool = False):
     """The SFTTrainer dataset: ``{"messages": [...], "domain": str}`` per trace (the Trainer drops ``domain``)."""
     from datasets import Dataset
 
-    return Dataset.from_list([{"messages": chat_messages(t), "domain": t["domain"]} for t in traces])
+    return Dataset.from_list([{"messages": chat_messages(t, tool_calls), "domain": t["domain"]} for t in traces])
 
 
 # ---- tokenizer ----------------------------------------------------------------------------------------------------
@@ -288,7 +294,7 @@ def build_trainer(cfg: DistillSFTConfig, traces: list[dict], out: Path | None = 
                               f"the model; it has e.g. {sorted(present)[:12]}")
         peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
                                  target_modules=targets, task_type="CAUSAL_LM")
-    return SFTTrainer(model=model, args=_sft_args(cfg, out), train_dataset=build_dataset(traces),
+    return SFTTrainer(model=model, args=_sft_args(cfg, out), train_dataset=build_dataset(traces, cfg.render_tool_calls),
                       processing_class=tok, peft_config=peft_config)
 
 
@@ -300,7 +306,7 @@ def run_distill_sft(cfg: DistillSFTConfig) -> dict:
     sources = list(cfg.traces) or shipped_traces()
     traces = read_traces(sources)
     trainer = build_trainer(cfg, traces, out)
-    table = loss_token_table(build_dataset(traces), trainer.processing_class, cfg.max_length)
+    table = loss_token_table(build_dataset(traces, cfg.render_tool_calls), trainer.processing_class, cfg.max_length)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in trainer.model.parameters())
     trainer.train()

@@ -12,7 +12,10 @@ the trainer uses, and every episode is recorded in the one trajectory schema (``
     <action><END>                                                           ← generated, ends at the stop token
     \n### tool\n<observation><END>\n### assistant\n                         ← one tool block per call
 
-``END`` is the tokenizer's end-of-turn token (the driver's stop token). **Errors** the harness meets while running
+``END`` is the tokenizer's end-of-turn token (the driver's stop token). A model fine-tuned on chat traces (the
+distilled student, Report §7) reads its own chat template instead: :class:`ChatTemplateTokenizer` wraps a
+transformers tokenizer, and the episode renders every message with ``apply_chat_template``, each new block as the
+text the template adds after what the model already saw, so the token stream is the one SFT trained on. **Errors** the harness meets while running
 land on the action's segment as ``Segment.errors``: ``format`` (the action does not parse), ``unknown_tool``,
 ``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end of turn within the token budget); the
 feedback the model gets is the observation. A tool that crashes or a policy that fails is the infrastructure's
@@ -47,6 +50,34 @@ class ByteTokenizer:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
+class ChatTemplateTokenizer:
+    """A transformers tokenizer with a chat template behind the harness tokenizer interface (``encode``,
+    ``decode``, ``end_id``, ``pad_id``, ``vocab_size``) plus :meth:`render`: the episode then lays out its messages
+    with the template (Report §7: RL on the distilled student). ``end_token`` closes a turn (ChatML's
+    ``<|im_end|>``) and is the driver's stop token."""
+
+    def __init__(self, tokenizer: Any, end_token: str = "<|im_end|>"):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("ChatTemplateTokenizer: the tokenizer has no chat_template; a student trained with "
+                             "distill-sft saves one beside its weights")
+        end_id = tokenizer.convert_tokens_to_ids(end_token)
+        if end_id is None or end_id == tokenizer.unk_token_id or tokenizer.convert_ids_to_tokens(end_id) != end_token:
+            raise ValueError(f"ChatTemplateTokenizer: end_token={end_token!r} is not a token of this tokenizer; "
+                             f"expected its end-of-turn special token (e.g. {tokenizer.eos_token!r})")
+        self.hf, self.end_token, self.end_id = tokenizer, end_token, int(end_id)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id)
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False)) if text else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def render(self, messages: list[dict], generation_prompt: bool = False) -> str:
+        return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+
 def header(role: str) -> str:
     return f"### {role}\n"
 
@@ -56,6 +87,7 @@ class HarnessEpisode:
 
     def __init__(self, env: Any, cfg: HarnessConfig | str, tokenizer: Any, *, domain: str = "code"):
         self.env, self.tok, self.domain = env, tokenizer, domain
+        self.chat = callable(getattr(tokenizer, "render", None))  # a chat-template tokenizer: its own layout
         self.cfg = get_harness(cfg) if isinstance(cfg, str) else cfg
         self.fmt = get_format(self.cfg.action_format)
         self.tools = make_registry(self.cfg, env)
@@ -79,12 +111,43 @@ class HarnessEpisode:
 
     def render(self, messages: list[dict], replayed: bool = False) -> list[Segment]:
         """Segments of ``messages`` in the chat layout, the last one ending with the assistant header."""
+        if self.chat:
+            return self._render_template(messages, replayed)
         segs = []
         for i, m in enumerate(messages):
             last = i == len(messages) - 1
             segs.append(self._segment(m, i == 0, header("assistant") if last else "",
                                       source="env" if replayed and m["role"] == "assistant" else ""))
         return segs
+
+    def _render_template(self, messages: list[dict], replayed: bool) -> list[Segment]:
+        """One segment per message: the text the chat template adds for it (the last one with the generation
+        prompt). The template must be incremental (each rendering a prefix of the next), as ChatML is."""
+        segs, prev = [], ""
+        for i, m in enumerate(messages):
+            full = self.tok.render(messages[: i + 1], generation_prompt=i == len(messages) - 1)
+            if not full.startswith(prev):
+                raise ValueError("HarnessEpisode: the chat template is not incremental (rendering the first "
+                                 f"{i + 1} messages does not extend the first {i}); the episode cannot append turns")
+            piece, prev = full[len(prev):], full
+            role = m["role"] if m["role"] in ("system", "user", "tool") else "assistant"
+            segs.append(Segment(role, self.tok.encode(piece), source="env" if replayed and role == "assistant"
+                                else "", text=piece))
+        return segs
+
+    def _template_observation(self, seen: list[dict], action_text: str, ended: bool, view: list[dict]
+                              ) -> Segment | None:
+        """The tool block after an action in the template layout: what the template renders after the model's
+        turn (its text, and its end token when the model wrote it), up to the next generation prompt; a truncated
+        turn gets the end token here. None when the rendering
+        does not extend what the model saw (a reply whose text the template changes): the caller opens a new
+        context then."""
+        head = self.tok.render(seen, generation_prompt=True) + action_text + (self.tok.end_token if ended else "")
+        full = self.tok.render(view, generation_prompt=True)
+        if not full.startswith(head):
+            return None
+        piece = full[len(head):]
+        return Segment("tool", self.tok.encode(piece), text=piece)
 
     def prompt(self) -> list[Segment]:
         self.t0 = time.monotonic()  # the wall clock runs from the start of play, not from construction
@@ -145,6 +208,12 @@ class HarnessEpisode:
         if view[: len(old_prefix)] != old_prefix:  # the manager rewrote what the model saw: a new context
             self.view = view
             return Turn(error=error, new_context=self.render(view, replayed=True), action_text=text)
+        if self.chat:
+            seg = self._template_observation(self.view, text, bool(ended), view)
+            self.view = view
+            if seg is None:
+                return Turn(error=error, new_context=self.render(view, replayed=True), action_text=text)
+            return Turn(seg, error=error, action_text=text)
         self.view = view
         ids, shown = [], ""
         for m in view[-n_new:] if n_new else []:

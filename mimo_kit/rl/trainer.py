@@ -108,6 +108,7 @@ from mimo_kit.rl.losses import (
 from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
 from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
+from mimo_kit.rl.student import StudentConfig, check_student_run
 from mimo_kit.rl.toy.repo import RepoWorld, RepoWorldConfig, harness_table
 from mimo_kit.rl.toy.world import ToyWorld
 from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
@@ -194,6 +195,9 @@ class RLConfig(Config):
                        "scheduling weights, replay) instead of uniformly from the task pool")
     sources: tuple[str, ...] = knob((), "the Mixer's sources: bug families (repo world) or the bug's line, line1.."
                                     "line3 (toy world); empty: every source of the task pool (3 or 4)")
+    student: StudentConfig = knob(default_factory=StudentConfig,
+                                  why="Report §7: RL on a distilled transformers student (its folder, optional LoRA) "
+                                  "instead of the kit decoder; empty: the kit decoder")
     mixing: MixerConfig = knob(default_factory=lambda: MixerConfig(replay=False),
                                why="the Mixer's constants; replay off, so that a resumed run equals an "
                                "uninterrupted one (replay trains the first step after a resume on saved groups)")
@@ -204,6 +208,7 @@ class RLConfig(Config):
 
     def check(self) -> None:
         check_device_knobs("RLConfig", self.device, self.precision, self.fsdp)
+        check_student_run(self)
         if self.engine_url and self.rollout_mxfp4:
             raise ConfigError("RLConfig.rollout_mxfp4 with engine_url: the server owns its weights' precision "
                               "(serve MXFP4 experts on the server side); set rollout_mxfp4=false")
@@ -245,7 +250,13 @@ class RLConfig(Config):
 
     def make_world(self) -> ToyWorld | RepoWorld:
         """The world this run plays (the repo world trains or loads its cached tokenizer here)."""
-        return ToyWorld(self.max_turns) if self.world == "toy" else RepoWorld(self.repo)
+        if self.world == "toy":
+            return ToyWorld(self.max_turns)
+        if self.student.model:  # the student's chat template lays out every episode
+            from mimo_kit.rl.student import load_tokenizer
+
+            return RepoWorld(self.repo, tokenizer=load_tokenizer(self.student))
+        return RepoWorld(self.repo)
 
     def rollout_settings(self, world: Any, *, training: bool = True) -> RolloutSettings:
         """The driver's sampling settings: R3 and top-p candidates are recorded only when training uses them."""
@@ -368,7 +379,8 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
     kept = [g for g in range(len(samples)) if keep is None or g in keep.keep_groups]
     out: dict[str, Any] = {"kept_fraction": len(kept) / len(samples) if samples else 0.0,
                            "gar_fallbacks": sum(1 for log in gar_logs if log["fallback"])}
-    model.reset_expert_loads()
+    if hasattr(model, "reset_expert_loads"):  # the kit decoder's expert-load counters (a student has none)
+        model.reset_expert_loads()
     if not kept:
         out.update(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, eps_high=controller.eps_high,
                    trained_tokens=0, mismatch_abs_dlogp=None, mismatch_k3=None, load_cv=None, load_max_mean=None,
@@ -440,7 +452,8 @@ def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, 
                           "mean_abs_dlogp": mm["mean_abs_dlogp"], "k3_kl": mm["k3_kl"]}, n, d)
     if cfg.entropy_adaptive:
         controller.update(means["entropy"])
-    loads = load_metrics(d.all_reduce_sum(model.expert_loads().float()))
+    loads = (load_metrics(d.all_reduce_sum(model.expert_loads().float())) if hasattr(model, "expert_loads")
+             else {"cv": [], "max_mean": [], "cold_share": []})
     loss_value = float(d.all_reduce_sum(loss.detach().float()) / d.world_size)
     out.update(loss=loss_value, grad_norm=to_float(grad_norm), entropy=means["entropy"],
                clip_low=means["clip_low"], clip_high=means["clip_high"], eps_high=eps_high,
@@ -686,7 +699,7 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
 
         return SGLangEngine(cfg.engine_url, seed=cfg.seed, weights_dir=Path(cfg.out_dir) / "engine_weights")
     if not uses_fsdp(d, cfg.fsdp):
-        return InProcessEngine(model, seed=cfg.seed)
+        return InProcessEngine(model, seed=cfg.seed, pad_id=world.pad_id if cfg.student.model else 0)
     full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
     return InProcessEngine(full, seed=cfg.seed, copy_weights=False)
 
@@ -697,6 +710,13 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
     Returns the policy on the learner's device, sharded when the run shards (SFT then trains sharded too)."""
     world = world or cfg.make_world()
     d = d or Dist()
+    if cfg.student.model:  # a distilled transformers student: SFT happened in distill-sft (Report §7)
+        from mimo_kit.rl.student import load_student
+
+        if d.world_size > 1:
+            raise ConfigError("RLConfig.student.model under torchrun: the learner shards the kit decoder only; "
+                              "run a transformers student in one process")
+        return load_student(cfg.student, world.tokenizer).to(d.device), []
     model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)  # the same seed: the same init on
     key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,  # all ranks
            **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}
@@ -757,7 +777,8 @@ def run_rl(cfg: RLConfig) -> dict:
         if not d.is_main:
             world = cfg.make_world()
         model, sft_losses = warm_start(cfg, out, world, d)
-        model.freeze_router(cfg.freeze_router)
+        if hasattr(model, "freeze_router"):  # the kit decoder's router (Report §5.4); a dense student has none
+            model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in full_state_dict(model).items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
         engine = make_engine(model, cfg, world, d)

@@ -441,10 +441,12 @@ class RepoWorld:
 
     name = "repo"
 
-    def __init__(self, cfg: RepoWorldConfig):
+    def __init__(self, cfg: RepoWorldConfig, tokenizer: Any = None):
+        """``tokenizer``: the policy's own (a distilled student's chat template, :mod:`mimo_kit.rl.student`);
+        default: the world's BPE, trained on the expert's traces and cached."""
         cfg.check()
         self.cfg = cfg
-        self.tokenizer = load_world_tokenizer(cfg)
+        self.tokenizer = tokenizer if tokenizer is not None else load_world_tokenizer(cfg)
         self.vocab_size = self.tokenizer.vocab_size
         self.pad_id = self.tokenizer.pad_id
         self.grades = code_env.GradeCache()  # identical patches of a task are graded once
