@@ -163,7 +163,8 @@ def _trainer(b: dict, kit: KitGRPOConfig, loss_type: str) -> KitGRPOTrainer:
         _generate=lambda prompts: (b["prompt_ids"].tolist(), b["comp"], None, [f"c{i}" for i in range(n)], None, {},
                                    None, [None] * n),
         reward_funcs=[lambda completions, **kw: rewards], reward_processing_classes=[None], reward_func_names=["r"],
-        state=types.SimpleNamespace(global_step=0), num_generations=G, num_generations_eval=G, multi_objective_aggregation="sum_then_normalize",
+        state=types.SimpleNamespace(global_step=0), num_generations=G, num_generations_eval=G,
+        multi_objective_aggregation="sum_then_normalize",
         scale_rewards="group", reward_weights=torch.ones(1),
         _logs={"prompt": [], "completion": [], "rewards": collections.defaultdict(list),
                "advantages": collections.deque(maxlen=n), "extra": collections.defaultdict(list)},
@@ -234,7 +235,7 @@ def test_kit_grpo_trainer_equals_kit_trainer(variant, loss_agg, loss_type, seed)
     loss.backward()
     torch.testing.assert_close(loss.detach(), kit_loss, rtol=1e-5, atol=1e-6)
     for k, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, kit_grads[k], rtol=1e-4, atol=1e-6, msg=lambda m: f"{k}: {m}")
+        torch.testing.assert_close(p.grad, kit_grads[k], rtol=1e-4, atol=1e-6, msg=lambda m, k=k: f"{k}: {m}")
     assert any(g.abs().max() > 0 for g in kit_grads.values())
 
 

@@ -1,4 +1,4 @@
-"""A TRL path for the kit's RL maths: ``KitGRPOTrainer``, a ``trl.GRPOTrainer`` with the kit's advantages (Report §4.3, §5).
+"""A TRL path for the kit's RL maths: ``KitGRPOTrainer``, TRL's GRPOTrainer with the kit's advantages (Report §4.3, §5).
 
 **What stays TRL's.** Generation, reward functions (``reward_funcs`` and ``reward_weights``, summed per completion
 as TRL does), tokenisation and padding, the reference model and KL term, the policy forward, the PPO-clip loss and
