@@ -10,6 +10,7 @@
 | ``aggregation`` | token-mean / seq-mean / prompt-mean, exact under micro-batching |
 | ``sampling`` | dynamic sampling and over-sampling |
 | ``opd`` | MOPD²: reverse-KL distillation, teacher routing, prefix-conditioned contexts |
+| ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imported lazily: it loads TRL) |
 | ``config`` | every unpublished constant as a named field with its reason |
 
 >>> from mimo_kit.rl import grpo_advantages, gar_redistribute, grs_reward, aggregate_loss
@@ -96,3 +97,15 @@ __all__ = [
     "route_teachers", "save_jsonl", "segment_advantages", "sequence_advantages", "teacher_logprobs",
     "token_advantages", "token_entropy", "token_weights", "truncated_is_weights", "unflatten",
 ]
+
+
+_LAZY = {"KitGRPOTrainer": "mimo_kit.rl.trl_grpo", "KitGRPOConfig": "mimo_kit.rl.trl_grpo"}
+
+
+def __getattr__(name: str):
+    """``KitGRPOTrainer`` / ``KitGRPOConfig`` on first use only: importing them imports TRL and transformers."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'mimo_kit.rl' has no attribute {name!r}")
