@@ -84,17 +84,26 @@ def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
     print(text)
 
 
-def check(answer, expected, label: str = "answer") -> bool | None:
+def check(answer, expected, label: str = "answer", tol: float | None = None) -> bool | None:
     """Compare an exercise answer with the kit's reference; print ✓ / ✗ (never raises, so notebooks run through).
 
-    Returns None while unanswered, else whether it matches (floats compared to 1e-6 relative).
+    Returns None while unanswered, else whether it matches: floats within ``tol`` (absolute; the rounding the
+    exercise states), or 1e-6 relative without it.
     """
     if answer is None:
         print(f"{label}: not answered yet")
         return None
-    ok = _same(answer, expected)
+    ok = _same(answer, expected) if tol is None else _close(answer, expected, tol)
     print(f"{label}: {'✓ correct' if ok else '✗ not quite, try again'}")
     return ok
+
+
+def _close(a, b, tol: float) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return abs(a - b) <= tol + 1e-12
+    return a == b
 
 
 def _same(a, b) -> bool:

@@ -76,9 +76,9 @@ def test_the_chat_tokenizer_refuses_a_tokenizer_without_template_or_end_token(hf
 
 
 def _cfg(tmp_path, student_dir, **kw):
-    base = dict(out_dir=str(tmp_path / "rl"), steps=2, prompts=2, group_size=4, eval_tasks=0, progress=False,
+    base = dict(out_dir=str(tmp_path / "rl"), steps=1, prompts=1, group_size=4, eval_tasks=0, progress=False,
                 checkpoint_every=0, dynamic_sampling=False, lr=1e-3,
-                repo={"max_steps": 3, "max_action_tokens": 24, "train_harnesses": ["mini-bash", "swe-tools"],
+                repo={"max_steps": 2, "max_action_tokens": 16, "train_harnesses": ["mini-bash", "swe-tools"],
                       "eval_harnesses": ["mini-bash"]},
                 student={"model": str(student_dir)})
     for k, v in kw.items():
@@ -97,11 +97,11 @@ def test_run_rl_plays_and_trains_a_lora_student_end_to_end(tmp_path, student_dir
 
     from mimo_kit.rl.student import save_student
 
-    cfg = _cfg(tmp_path, student_dir, steps=1, student={"lora": True})
+    cfg = _cfg(tmp_path, student_dir, student={"lora": True})
     r = run_rl(cfg)
     model = r["model"]
     [row] = r["history"]
-    assert row["groups_trained"] == 2 and row["gen_tokens"] > 0 and torch.isfinite(torch.tensor(row["loss"]))
+    assert row["groups_trained"] == 1 and row["gen_tokens"] > 0 and torch.isfinite(torch.tensor(row["loss"]))
     names = dict(model.named_parameters())
     trainable = {k for k, p in names.items() if p.requires_grad}
     assert trainable and all("lora_" in k for k in trainable)
@@ -128,7 +128,7 @@ def test_a_train_step_moves_a_student_toward_its_rewarded_rollouts(tmp_path, stu
     world = cfg.make_world()
     model = load_student(cfg.student, world.tokenizer)
     engine = InProcessEngine(model, seed=1, pad_id=world.pad_id)
-    groups = [world.episodes(t, 4) for t in world.tasks(2, seed=3, prefix="step")]
+    groups = [world.episodes(t, 4) for t in world.tasks(1, seed=3, prefix="step")]
     samples = rollout.play(engine, groups, cfg.rollout_settings(world), grade_workers=1)
     for s in samples:
         for i, q in enumerate(s.sequences):

@@ -5,6 +5,8 @@
     mimo-kit run distill-sft --preset tiny      # SFT of a tiny Qwen3.5 on the shipped traces
     mimo-kit run distill-sft lora=true
     mimo-kit launch distill-sft --nnodes 4 --nproc-per-node 8 --dry-run model=/models/Qwen3.5-9B bf16=true
+    mimo-kit run distill-rl --preset tiny       # Table 6's form: base / SFT / SFT + RL per domain, 3 RL seeds
+    mimo-kit results distill-rl                 # publish data/distill/distill_rl_tiny.{json,md,png}
 
 Result format of ``make-traces``: ``traces.<domain>`` the traces (the format of :mod:`mimo_kit.distill.traces`),
 ``summary.<domain>`` {n, available, passed, bytes, teachers, harnesses}.
@@ -16,6 +18,7 @@ import collections
 import dataclasses
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.distill.rl import DistillRLConfig, format_table, run_distill_rl
 from mimo_kit.distill.sft import DistillSFTConfig, run_distill_sft
 from mimo_kit.distill.traces import DOMAINS, available, dumps_traces, make_traces, validate_trace
 from mimo_kit.experiments import Publication, experiment
@@ -74,3 +77,39 @@ def run_make_traces(cfg: MakeTracesConfig) -> dict:
 def distill_sft(cfg: DistillSFTConfig) -> dict:
     """Trace SFT with TRL (assistant-only loss, optional LoRA): the student, its loss log and loss-token table."""
     return run_distill_sft(cfg)
+
+
+def _rl_figure(result: dict) -> bytes:
+    """Held-out pass@1 per domain: base, SFT, SFT + RL (bars: mean; dots: seeds)."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=120)
+    for i, r in enumerate(result["rows"]):
+        for j, (key, label) in enumerate((("base", "base"), ("sft", "SFT"), ("rl", "SFT + RL"))):
+            ax.bar(i * 4 + j, r[key], color=("#bbbbbb", "#6a8fc7", "#d9822b")[j], label=label if i == 0 else None)
+        for k, key in ((1, "sft_per_seed"), (2, "rl_per_seed")):
+            vals = list(r[key].values())
+            ax.scatter([i * 4 + k] * len(vals), vals, color="black", s=10, zorder=3)
+    ax.set_xticks([i * 4 + 1 for i in range(len(result["rows"]))], [r["domain"] for r in result["rows"]])
+    ax.set_ylabel("held-out pass@1")
+    ax.set_title(f"The distilled student per domain ({len(result['seeds'])} RL seeds)")
+    ax.legend(frameon=False, fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+@experiment("distill-rl", DistillRLConfig, chapter="ch07",
+            publishes=(Publication("distill/distill_rl_{preset}.json"),
+                       Publication("distill/distill_rl_{preset}.md", render=lambda r: format_table(r) + "\n"),
+                       Publication("distill/distill_rl_{preset}.png", render=_rl_figure)))
+def distill_rl(cfg: DistillRLConfig) -> dict:
+    """Table 6's form: the distilled student's held-out pass@1, base / SFT / SFT + RL per domain."""
+    return run_distill_rl(cfg)

@@ -63,6 +63,7 @@ class DistillSFTConfig(Config):
                       "any transformers causal LM (the 9B run: the Qwen3.5-9B checkpoint's folder)")
     traces: tuple[str, ...] = knob((), "JSONL trace files or globs; empty: the shipped sets data/distill/traces_"
                                    "{code,cyber,general,visual}.jsonl (written by make-traces)")
+    domains: tuple[str, ...] = knob((), "keep only these domains' traces; empty: every domain")
     steps: int = knob(12, "optimizer steps: a CPU-seconds run; the report trains on 77.4B tokens", min=1)
     batch_size: int = knob(4, "sequences per device per step", min=1)
     grad_accum: int = knob(1, "gradient-accumulation steps per optimizer step", min=1)
@@ -92,6 +93,9 @@ class DistillSFTConfig(Config):
     def check(self) -> None:  # the model folder is checked when the run loads it (a dry-run may name a remote path)
         if self.lora and not self.lora_targets:
             raise ConfigError("DistillSFTConfig.lora_targets: empty, but lora=true needs modules to adapt")
+        bad = [d for d in self.domains if d not in DOMAINS]
+        if bad:
+            raise ConfigError(f"DistillSFTConfig.domains: {bad!r} unknown; expected a subset of {list(DOMAINS)}")
 
 
 # ---- traces -------------------------------------------------------------------------------------------------------
@@ -304,7 +308,9 @@ def run_distill_sft(cfg: DistillSFTConfig) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     sources = list(cfg.traces) or shipped_traces()
-    traces = read_traces(sources)
+    traces = [t for t in read_traces(sources) if not cfg.domains or t["domain"] in cfg.domains]
+    if not traces:
+        raise ConfigError(f"DistillSFTConfig.domains={list(cfg.domains)!r}: no trace of {sources} is of these domains")
     trainer = build_trainer(cfg, traces, out)
     table = loss_token_table(build_dataset(traces, cfg.render_tool_calls), trainer.processing_class, cfg.max_length)
     trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
