@@ -58,10 +58,10 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import Outcome, Turn
-from mimo_kit.rl.aggregation import MODES, aggregate_loss, token_weights
+from mimo_kit.rl.aggregation import MODES, aggregate_loss
 from mimo_kit.rl.opd import opd_loss, prefix_conditioned_context, reverse_kl_exact, route_teachers, teacher_logprobs
-from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
-from mimo_kit.rl.toy.world import TOKENIZER, ToyWorld, Task, expert_dataset, make_tasks, rollout_settings
+from mimo_kit.rl.sft import PolicyConfig, SFTConfig, sft_warm_start
+from mimo_kit.rl.toy.world import TOKENIZER, Task, ToyWorld, expert_dataset, make_tasks, rollout_settings
 from mimo_kit.rl.trainer import RLConfig, policy_logprobs, run_rl, torch_threads
 from mimo_kit.rl.trajectory import Sample, Segment, flatten
 
@@ -162,7 +162,7 @@ def domain_tasks(n: int, seed: int, lines: Sequence[int], prefix: str) -> dict[s
 class PolicyTeacher:
     """A frozen policy as an OPD teacher (:data:`mimo_kit.rl.opd.Teacher`): token rows → logprobs of each token.
 
-    ``calls`` counts the rows it scored (what a routing check reads)."""
+    ``rows_scored`` counts the rows it scored (what a routing check reads)."""
 
     def __init__(self, model: torch.nn.Module, name: str, temperature: float = 1.0):
         self.model, self.name, self.temperature = model.eval(), name, temperature
@@ -249,7 +249,7 @@ class PrefixEpisode:
 
     @property
     def group_metadata(self) -> dict[str, Any]:
-        return {"task": dataclasses.asdict(self.task), "prefix_turns": self.k}
+        return {"task": dataclasses.asdict(self.task)}  # k is per episode: Sequence.metadata["prefix_turns"]
 
     def prompt(self) -> list[Segment]:
         return list(self.prefix)
@@ -335,14 +335,32 @@ def opd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, samples: list[S
     for dom, sel in (("verifiable", rows), ("open", ~rows)):
         n = mask[sel].sum().clamp(min=1)
         out[f"reverse_kl_{dom}"] = float(k[sel].sum() / n) if sel.any() else None
-        out[f"exact_kl_{dom}"] = float(exact.detach()[sel].masked_fill(~mask[sel], 0.0).sum() / n) if sel.any() else None
+        ex = exact.detach()[sel].masked_fill(~mask[sel], 0.0)
+        out[f"exact_kl_{dom}"] = float(ex.sum() / n) if sel.any() else None
     out["reverse_kl"] = float(k.sum() / mask.sum().clamp(min=1))
     out["exact_kl"] = float(exact.detach().masked_fill(~mask, 0.0).sum() / mask.sum().clamp(min=1))
     for name, r in route_teachers(row_dom, routes).items():
         out[f"rows_{name}"] = len(r)
-    out["_row_teacher"] = [routes[d] for d in row_dom]
-    out["_loss_mask"] = batch.loss_mask
-    out["_weights"] = token_weights(mask, batch.group_ids, cfg.loss_agg)
+    out["_row_teacher"] = [routes[d] for d in row_dom]  # private (not logged): which teacher scored each row
+    out["_loss_mask"] = batch.loss_mask  # [B, T]
+    return out
+
+
+@torch.no_grad()
+def probe_kl(model: torch.nn.Module, samples: list[Sample], teachers: Mapping[str, PolicyTeacher],
+             routes: Mapping[str, str], temperature: float = 1.0) -> dict[str, float]:
+    """Exact reverse KL(π_s ‖ π_T(d)) per domain d, averaged over the trained tokens of a fixed batch ``samples``:
+    a before/after measure on the same states (a step's own metric moves with the states it happened to draw)."""
+    batch = flatten(samples, pad_id=TOKENIZER.pad_id)
+    row_dom = [samples[g].domain for g in batch.group_ids.tolist()]
+    mask = batch.loss_mask[:, 1:]  # [B, T−1]
+    kl = reverse_kl_exact(policy_logprobs(model, batch.input_ids, temperature)[1],
+                          teacher_logits(batch.input_ids, row_dom, teachers, routes)).masked_fill(~mask, 0.0)
+    out = {}
+    for dom in ("verifiable", "open"):
+        sel = torch.tensor([d == dom for d in row_dom])
+        if sel.any():
+            out[dom] = float(kl[sel].sum() / mask[sel].sum().clamp(min=1))
     return out
 
 
