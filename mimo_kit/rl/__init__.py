@@ -11,6 +11,8 @@
 | ``sampling`` | dynamic sampling and over-sampling |
 | ``opd`` | MOPD²: reverse-KL distillation, teacher routing, prefix-conditioned contexts |
 | ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imported lazily: it loads TRL) |
+| ``mopd`` | MOPD² end to end on the toy world: domains, routed teachers, the standard / prefix OPD loop |
+| ``mopd_experiment`` | the ``mopd2`` experiment: SFT-only vs mixed RL vs MOPD² over seeds, and its claim check |
 | ``config`` | every unpublished constant as a named field with its reason |
 
 >>> from mimo_kit.rl import grpo_advantages, gar_redistribute, grs_reward, aggregate_loss

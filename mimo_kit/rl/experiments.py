@@ -425,3 +425,7 @@ def multi_harness(cfg: SeedsConfig) -> dict:
 def consistency(cfg: ConsistencyConfig) -> dict:
     """Train–inference log-prob mismatch of one MXFP4 rollout batch under QDQ × R3 × top-p replay (Report §6.1)."""
     return measure_consistency(cfg)
+
+
+# ---- MOPD²: multi-teacher on-policy distillation (Report §5) --------------------------------------------------------
+from mimo_kit.rl import mopd_experiment  # noqa: E402,F401  (registers ``mopd2``)
