@@ -159,3 +159,16 @@ def test_a_train_step_moves_a_student_toward_its_rewarded_rollouts(tmp_path, stu
 def test_a_student_refuses_kit_decoder_switches(tmp_path, student_dir, override, match):
     with pytest.raises(ConfigError, match=match):
         _cfg(tmp_path, student_dir, **override)
+
+
+def test_the_distill_rl_presets_keep_the_student_recipe():
+    """Presets of nested configs must not replace the experiment's own SFT and RL settings by the nested defaults."""
+    from mimo_kit.distill.rl import STUDENT_RL, DistillRLConfig
+
+    default, tiny, quick = DistillRLConfig(), DistillRLConfig.preset("tiny"), DistillRLConfig.preset("quick")
+    assert tiny.sft == default.sft and tiny.rl == default.rl
+    for cfg in (default, quick):
+        assert cfg.sft.domains == ("code",) and cfg.rl.world == "repo" and cfg.rl.lr == STUDENT_RL["lr"]
+        assert cfg.rl.repo.eval_harnesses == tuple(STUDENT_RL["repo"]["eval_harnesses"])
+    with pytest.raises(ConfigError, match=r"domains=\['cyber'\]"):
+        DistillRLConfig(domains=("cyber",)).check()

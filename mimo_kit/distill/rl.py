@@ -35,34 +35,41 @@ RL_DOMAINS = ("code",)
 
 #: The student's RL run: the repo world in the 4 training harnesses, GRPO with dynamic sampling, AdamW.
 STUDENT_RL: dict[str, Any] = {
-    "world": "repo", "steps": 12, "prompts": 6, "group_size": 8, "lr": 1e-4, "eval_tasks": 16, "eval_samples": 2,
+    "world": "repo", "steps": 8, "prompts": 6, "group_size": 8, "lr": 3e-4, "eval_tasks": 16, "eval_samples": 2,
     "checkpoint_every": 0, "save_trajectories": False,
     "repo": {"eval_harnesses": ["mini-bash", "swe-tools", "xml-editor", "fenced-editor"]},
 }
+
+
+#: The one SFT checkpoint: the code traces, 300 steps × 8 (see DistillRLConfig.sft).
+STUDENT_SFT: dict[str, Any] = {"domains": ["code"], "steps": 300, "batch_size": 8}
+_QUICK_RL = {**STUDENT_RL, "steps": 1, "prompts": 2, "group_size": 4, "eval_tasks": 2, "eval_samples": 1,
+             "dynamic_sampling": False,
+             "repo": {**STUDENT_RL["repo"], "max_steps": 3, "max_action_tokens": 48}}
 
 
 @dataclasses.dataclass
 class DistillRLConfig(Config):
     """One SFT checkpoint, then RL per domain and seed; scores of base, SFT and SFT + RL (Report §7, Table 6)."""
 
-    sft: DistillSFTConfig = knob(default_factory=lambda: DistillSFTConfig(domains=("code",), steps=300,
-                                                                          batch_size=8),
+    sft: DistillSFTConfig = knob(default_factory=lambda: DistillSFTConfig.from_dict(STUDENT_SFT),
                                  why="300 steps × 8 of the 100 code traces (24 epochs): the 64-wide student passes "
                                  "~15% of held-out code tasks, so RL has mixed groups to learn from; the report "
                                  "SFTs on every domain, which at toy width dilutes the one skill RL can train here")
-    rl: RLConfig = knob(default_factory=lambda: RLConfig(**STUDENT_RL),
-                        why="the repo world in the student's 4 training harnesses; lr 1e-4: a fine-tuned student "
-                        "drifts at the kit decoder's 3e-4")
+    rl: RLConfig = knob(default_factory=lambda: RLConfig.from_dict(STUDENT_RL),
+                        why="the repo world in the student's 4 training harnesses, the kit decoder's lr (3e-4); "
+                        "8 steps of 6 groups × 8: a student step plays ~25 groups (~2.5 min on one core)")
     domains: tuple[str, ...] = knob(RL_DOMAINS, "domains RL runs on (only code has an RL world in the kit)")
     seeds: tuple[int, ...] = knob((0, 1, 2), "RL seeds from the one SFT checkpoint: a spread, at 3× one run")
+    workers: int = knob(1, "RL runs at once, each in its own process on one thread (the seeds are independent)",
+                        min=1)
     out_dir: str = knob("runs/distill-rl", "sft/ (the checkpoint, reused when its config matches), base/, "
                         "rl-<domain>-seed<k>/")
     preset_name: str = knob("tiny", "recorded in the result: which preset's runs these are")
 
-    PRESETS = {"tiny": {}, "quick": {"preset_name": "quick", "seeds": [0],
-                                     "sft": {"steps": 40, "batch_size": 4},
-                                     "rl": {"steps": 1, "prompts": 2, "group_size": 4, "eval_tasks": 2,
-                                            "eval_samples": 1, "repo": {"max_steps": 3, "max_action_tokens": 48}}}}
+    PRESETS = {"tiny": {"sft": STUDENT_SFT, "rl": STUDENT_RL, "workers": 3},
+               "quick": {"preset_name": "quick", "seeds": [0], "sft": {**STUDENT_SFT, "steps": 20, "batch_size": 4},
+                         "rl": _QUICK_RL}}
 
     def check(self) -> None:
         bad = [d for d in self.domains if d not in RL_DOMAINS]
@@ -109,6 +116,18 @@ def _rl(cfg: DistillRLConfig, student: Path, out: str, seed: int, steps: int) ->
     return {k: r[k] for k in ("sft_eval", "rl_eval")} | {"history": r["history"]}
 
 
+def _run_all(cfg: DistillRLConfig, jobs: dict) -> dict:
+    """Every (domain, seed) RL run, ``cfg.workers`` at a time in spawned processes (one at a time in this one)."""
+    if cfg.workers == 1:
+        return {k: _rl(cfg, *v) for k, v in jobs.items()}
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(cfg.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {k: pool.submit(_rl, cfg, *v) for k, v in jobs.items()}
+        return {k: f.result() for k, f in futures.items()}
+
+
 def _score(ev: dict | None) -> float | None:
     return None if not ev else ev.get("pass_rate")
 
@@ -119,10 +138,15 @@ def run_distill_rl(cfg: DistillRLConfig) -> dict:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model_dir, sft = sft_checkpoint(cfg)
+    base_dir = base_checkpoint(model_dir, out, cfg.sft.seed)
+    jobs = {(d, "base"): (base_dir, str(out / f"base-{d}"), cfg.seeds[0], 0) for d in cfg.domains}
+    jobs |= {(d, s): (model_dir, str(out / f"rl-{d}-seed{s}"), s, cfg.rl.steps) for d in cfg.domains
+             for s in cfg.seeds}
+    done = _run_all(cfg, jobs)
     rows = []
     for domain in cfg.domains:
-        base = _rl(cfg, base_checkpoint(model_dir, out, cfg.sft.seed), str(out / f"base-{domain}"), cfg.seeds[0], 0)
-        runs = {s: _rl(cfg, model_dir, str(out / f"rl-{domain}-seed{s}"), s, cfg.rl.steps) for s in cfg.seeds}
+        base = done[(domain, "base")]
+        runs = {s: done[(domain, s)] for s in cfg.seeds}
         sft_scores = {s: _score(r["sft_eval"]) for s, r in runs.items()}
         rl_scores = {s: _score(r["rl_eval"]) for s, r in runs.items()}
         rows.append({
