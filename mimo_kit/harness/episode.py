@@ -17,8 +17,8 @@ distilled student, Report §7) reads its own chat template instead: :class:`Chat
 transformers tokenizer, and the episode renders every message with ``apply_chat_template``, each new block as the
 text the template adds after what the model already saw, so the token stream is the one SFT trained on.
 
-**Errors** the harness meets while running land on the action's segment as ``Segment.errors``: ``format`` (the action does not parse), ``unknown_tool``,
-``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end of turn within the token budget); the
+**Errors** the harness meets while running land on the action's segment as ``Segment.errors``: ``format`` (the
+action does not parse), ``unknown_tool``, ``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end of turn within the token budget); the
 feedback the model gets is the observation. A tool that crashes or a policy that fails is the infrastructure's
 fault: the sequence ends as ``infra_error`` and the penalty module drops it instead of punishing the model.
 **Context management** that rewrites earlier messages (``keep_last``) opens a new context holding the rewritten
