@@ -18,11 +18,11 @@ transformers tokenizer, and the episode renders every message with ``apply_chat_
 text the template adds after what the model already saw, so the token stream is the one SFT trained on.
 
 **Errors** the harness meets while running land on the action's segment as ``Segment.errors``: ``format`` (the
-action does not parse), ``unknown_tool``, ``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end of turn within the token budget); the
-feedback the model gets is the observation. A tool that crashes or a policy that fails is the infrastructure's
-fault: the sequence ends as ``infra_error`` and the penalty module drops it instead of punishing the model.
-**Context management** that rewrites earlier messages (``keep_last``) opens a new context holding the rewritten
-history (its turns are context there, ``source="env"``, never trained twice).
+action does not parse), ``unknown_tool``, ``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end
+of turn within the token budget); the feedback the model gets is the observation. A tool that crashes or a policy
+that fails is the infrastructure's fault: the sequence ends as ``infra_error`` and the penalty module drops it
+instead of punishing the model. **Context management** that rewrites earlier messages (``keep_last``) opens a new
+context holding the rewritten history (its turns are context there, ``source="env"``, never trained twice).
 """
 
 from __future__ import annotations
