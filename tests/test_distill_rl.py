@@ -178,3 +178,10 @@ def test_the_distill_rl_presets_keep_the_student_recipe():
         assert cfg.rl.repo.eval_harnesses == tuple(STUDENT_RL["repo"]["eval_harnesses"])
     with pytest.raises(ConfigError, match=r"domains=\['cyber'\]"):
         DistillRLConfig(domains=("cyber",)).check()
+
+
+def test_lora_targets_the_student_lacks_are_named(student_dir):
+    from mimo_kit.rl.student import StudentConfig, load_student
+
+    with pytest.raises(ConfigError, match=r"StudentConfig.lora_targets: none of \['no_proj'\].*it has e.g."):
+        load_student(StudentConfig(model=str(student_dir), lora=True, lora_targets=("no_proj",)))

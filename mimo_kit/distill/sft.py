@@ -289,15 +289,9 @@ def build_trainer(cfg: DistillSFTConfig, traces: list[dict], out: Path | None = 
     model, tok = load_student(cfg, traces)
     peft_config = None
     if cfg.lora:
-        from peft import LoraConfig
+        from mimo_kit.rl.student import lora_config
 
-        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        targets = [t for t in cfg.lora_targets if t in present]
-        if not targets:
-            raise ConfigError(f"DistillSFTConfig.lora_targets: none of {list(cfg.lora_targets)} is a module of "
-                              f"the model; it has e.g. {sorted(present)[:12]}")
-        peft_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                 target_modules=targets, task_type="CAUSAL_LM")
+        peft_config = lora_config(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, "DistillSFTConfig")
     return SFTTrainer(model=model, args=_sft_args(cfg, out), train_dataset=build_dataset(traces, cfg.render_tool_calls),
                       processing_class=tok, peft_config=peft_config)
 

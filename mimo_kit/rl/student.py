@@ -80,17 +80,25 @@ def load_student(cfg: StudentConfig, tokenizer: Any = None):
         raise ConfigError(f"StudentConfig.model={cfg.model!r}: its tokenizer has {tokenizer.vocab_size} entries but "
                           f"the model embeds {model.get_input_embeddings().num_embeddings}")
     if cfg.lora:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
-        present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-        targets = [t for t in cfg.lora_targets if t in present]
-        if not targets:
-            raise ConfigError(f"StudentConfig.lora_targets: none of {list(cfg.lora_targets)} is a module of the "
-                              f"student; it has e.g. {sorted(present)[:12]}")
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=0.0,
-                                                 target_modules=targets, task_type="CAUSAL_LM"))
+        model = get_peft_model(model, lora_config(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets,
+                                                  "StudentConfig"))
     model.eval()
     return model
+
+
+def lora_config(model: Any, rank: int, alpha: int, targets: tuple[str, ...], owner: str):
+    """PEFT ``LoraConfig`` on the ``targets`` the model has (module-name suffixes); none present raises, naming
+    ``owner``'s field and some of the model's module names."""
+    from peft import LoraConfig
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    found = [t for t in targets if t in present]
+    if not found:
+        raise ConfigError(f"{owner}.lora_targets: none of {list(targets)} is a module of the model; it has e.g. "
+                          f"{sorted(present)[:12]}")
+    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=found, task_type="CAUSAL_LM")
 
 
 def save_student(model: Any, tokenizer: Any, folder: str | Path) -> Path:
