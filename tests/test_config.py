@@ -138,3 +138,20 @@ def test_nested_config_follows_parent_preset_only_when_supported():
     assert Outer.presets() == ("tiny", "small")
     with pytest.raises(ConfigError, match="Outer has no preset 'flash'"):
         Outer.preset("flash")
+
+
+@pytest.mark.parametrize("text, value", [("1e-5", 1e-5), ("3E-4", 3e-4), (" 2.5 ", 2.5), ("1e3", 1000.0)])
+def test_a_float_knob_reads_exponent_strings(text, value):
+    """YAML 1.1 reads ``1e-5`` (no dot) as a string; a float knob still takes it, from YAML and from key=value."""
+    from mimo_kit.rl.trainer import RLConfig
+
+    assert RLConfig.from_dict({"lr": text}).lr == value
+    assert RLConfig().override([f"lr={text.strip()}"]).lr == value
+
+
+@pytest.mark.parametrize("text", ["fast", "nan", "inf", ""])
+def test_a_float_knob_refuses_other_strings(text):
+    from mimo_kit.rl.trainer import RLConfig
+
+    with pytest.raises(ConfigError, match=r"lr: got .*expected a number"):
+        RLConfig.from_dict({"lr": text})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from pathlib import Path
@@ -109,6 +110,14 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot in the mantissa) as a string
+            try:
+                number = float(value.strip())
+            except ValueError:
+                pass
+            else:
+                if math.isfinite(number):
+                    return number
         raise ConfigError(f"{where}: got {value!r}, expected a number")
     if tp is str:
         if isinstance(value, str):
