@@ -113,9 +113,9 @@ class Recording(PolicyTeacher):
         super().__init__(t.model, t.name, t.temperature)
         self.rows: list[list[int]] = []
 
-    def __call__(self, input_ids, attention_mask):
-        self.rows += [r[m.bool()].tolist() for r, m in zip(input_ids, attention_mask)]
-        return super().__call__(input_ids, attention_mask)
+    def logits(self, input_ids):
+        self.rows += input_ids.tolist()  # right-padded rows: the first line (the prompt) reveals the domain
+        return super().logits(input_ids)
 
 
 #: the task pool's prompts ("fix <buggy program>") → bug line: how a scored row reveals its domain

@@ -19,7 +19,6 @@ environments ship a handful of fixed tasks, too few to hold out), so their RL ro
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import statistics
@@ -108,8 +107,7 @@ def base_checkpoint(model_dir: Path, out: Path, seed: int) -> Path:
 
 
 def _rl(cfg: DistillRLConfig, student: Path, out: str, seed: int, steps: int) -> dict:
-    rl = copy.deepcopy(cfg.rl)
-    rl = dataclasses.replace(rl, seed=seed, steps=steps, out_dir=out, progress=False,
+    rl = dataclasses.replace(cfg.rl, seed=seed, steps=steps, out_dir=out, progress=False,
                              student=dataclasses.replace(rl.student, model=str(student)))
     rl.check()
     r = run_rl(rl)

@@ -60,7 +60,7 @@ from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import Outcome, Turn
 from mimo_kit.rl.aggregation import MODES, aggregate_loss
-from mimo_kit.rl.opd import opd_loss, prefix_conditioned_context, reverse_kl_exact, route_teachers, teacher_logprobs
+from mimo_kit.rl.opd import opd_loss, prefix_conditioned_context, reverse_kl_exact, route_teachers
 from mimo_kit.rl.sft import PolicyConfig, SFTConfig, sft_warm_start
 from mimo_kit.rl.toy.world import TOKENIZER, Task, ToyWorld, expert_dataset, make_tasks, rollout_settings
 from mimo_kit.rl.trainer import RLConfig, policy_logprobs, run_rl, torch_threads
@@ -171,14 +171,15 @@ class PolicyTeacher:
 
     @torch.no_grad()
     def logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Next-token logits / T: ids [N, T] → [N, T−1, V]."""
+        """Next-token logits / T: ids [N, T] → [N, T−1, V] (the one teacher forward of a step)."""
+        self.rows_scored += input_ids.shape[0]
         return policy_logprobs(self.model, input_ids, self.temperature)[1]
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """ids [N, T] → logprobs [N, T]: entry t scores token t given tokens < t; entry 0 is 0."""
-        self.rows_scored += input_ids.shape[0]
-        logp = policy_logprobs(self.model, input_ids, self.temperature)[0]  # [N, T−1]
+        lsm = self.logits(input_ids).log_softmax(-1)  # [N, T−1, V]
+        logp = lsm.gather(-1, input_ids[:, 1:, None])[..., 0]  # [N, T−1]
         return torch.cat([torch.zeros_like(logp[:, :1]), logp], 1) * attention_mask
 
 
@@ -291,9 +292,8 @@ def prefix_batch(engine: InProcessEngine, tasks: list[Task], cfg: MOPDConfig,
             segs = q.contexts[0].segments  # [user, assistant, tool, assistant, tool, ..., assistant]
             turns = sum(s.role == "assistant" for s in segs)
             k = rng.randrange(turns)
-            prefix = [dataclasses.replace(s, source=cfg.prefix_source) if s.role == "assistant" else s
-                      for s in segs[:1 + 2 * k]]  # the prompt and k (action, tool output) pairs
-            eps.append(PrefixEpisode(prefix, t, doms[i], k))
+            # the prompt and k (action, tool output) pairs; prefix_conditioned_context relabels them after play
+            eps.append(PrefixEpisode(segs[:1 + 2 * k], t, doms[i], k))
         groups.append((f"{t.task_id}/prefix", eps))
     samples = rollout.play(engine, groups, dataclasses.replace(settings, max_turns=1))
     for s, d in zip(samples, doms):
@@ -316,9 +316,8 @@ def opd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, samples: list[S
     domains = [s.domain for s in samples]
     row_dom = [domains[g] for g in batch.group_ids.tolist()]  # [rows]
     ids, mask = batch.input_ids, batch.loss_mask[:, 1:]  # [B, T], [B, T−1]: generated tokens are targets
-    t_logp = teacher_logprobs(ids, batch.attention_mask.long(), domains, teachers, routes,
-                              row_domains=batch.group_ids.tolist())[:, 1:]  # [B, T−1]
-    t_logits = teacher_logits(ids, row_dom, teachers, routes)  # [B, T−1, V]
+    t_logits = teacher_logits(ids, row_dom, teachers, routes)  # [B, T−1, V]: one routed teacher forward
+    t_logp = t_logits.log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]  # [B, T−1]: log π_T(y_t)
     model.train()
     logp, logits = policy_logprobs(model, ids, cfg.temperature)  # [B, T−1], [B, T−1, V]
     exact = reverse_kl_exact(logits, t_logits)  # [B, T−1]: KL(π_s ‖ π_T) per position
