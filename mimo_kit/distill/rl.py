@@ -108,7 +108,7 @@ def base_checkpoint(model_dir: Path, out: Path, seed: int) -> Path:
 
 def _rl(cfg: DistillRLConfig, student: Path, out: str, seed: int, steps: int) -> dict:
     rl = dataclasses.replace(cfg.rl, seed=seed, steps=steps, out_dir=out, progress=False,
-                             student=dataclasses.replace(rl.student, model=str(student)))
+                             student=dataclasses.replace(cfg.rl.student, model=str(student)))
     rl.check()
     r = run_rl(rl)
     return {k: r[k] for k in ("sft_eval", "rl_eval")} | {"history": r["history"]}
