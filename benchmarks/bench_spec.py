@@ -5,7 +5,7 @@
 
 from pathlib import Path
 
-from mimo_kit.spec.bench import SpecBenchConfig, markdown, run_spec_bench
+from mimo_kit.speculative.bench import SpecBenchConfig, markdown, run_spec_bench
 
 if __name__ == "__main__":
     cfg = SpecBenchConfig.preset("tiny")

@@ -4,12 +4,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import mimo_kit.spec.decode as decode
+import mimo_kit.speculative.decode as decode
 from mimo_kit.config import ConfigError
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM, generate
-from mimo_kit.spec import BlockDrafter, DrafterConfig, speculative_generate, verify_greedy, verify_sampling
-from mimo_kit.spec.drafter import context_mask
-from mimo_kit.spec.train import DrafterTrainConfig, train_drafter
+from mimo_kit.speculative import BlockDrafter, DrafterConfig, speculative_generate, verify_greedy, verify_sampling
+from mimo_kit.speculative.drafter import context_mask
+from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
 
 
 def backbone(seed=0, **kw) -> MiMoForCausalLM:

@@ -22,7 +22,7 @@ CHAPTERS = [
      "mechanisms": "three scaling axes, presets, config → command → torchrun / sbatch / Ray job, FSDP2 on 2 processes"},
     {"chapter": "2 Architecture", "notebook": "ch02a_architecture", "package": "mimo_kit.model",
      "mechanisms": "hybrid SWA/GA attention with sinks, sigmoid-router MoE, KV cache, parameter counts"},
-    {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.spec",
+    {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.speculative",
      "mechanisms": "DFlash block drafter, lossless speculative decoding"},
     {"chapter": "3 Pre-/mid-training", "notebook": "ch03_pretraining", "package": "mimo_kit.optim, .pretrain",
      "mechanisms": "tokenizer, pre-training loop, Muown vs Muon vs AdamW, MXFP4 QAT"},

@@ -28,7 +28,7 @@ from mimo_kit.config.base import Config, knob
 from mimo_kit.infra.dist import autocast, check_device_knobs, resolve_device, resolve_precision
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
-from mimo_kit.spec.drafter import BlockDrafter, DrafterConfig, context_mask
+from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig, context_mask
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ import torch
 
 
 def solution(n: int):
-    from mimo_kit.spec.decode import expected_accepted_length, residual_distribution
+    from mimo_kit.speculative.decode import expected_accepted_length, residual_distribution
 
     if n == 1:
         return round(expected_accepted_length(0.8, 8), 4)

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from mimo_kit.config.base import Config, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
-from mimo_kit.spec.decode import speculative_generate
-from mimo_kit.spec.drafter import BlockDrafter
-from mimo_kit.spec.train import DrafterTrainConfig, train_drafter
+from mimo_kit.speculative.decode import speculative_generate
+from mimo_kit.speculative.drafter import BlockDrafter
+from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
 
 
 @dataclasses.dataclass

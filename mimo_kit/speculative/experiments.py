@@ -6,14 +6,14 @@ import dataclasses
 
 from mimo_kit.config.base import Config, knob
 from mimo_kit.experiments import experiment
-from mimo_kit.spec.bench import (
+from mimo_kit.speculative.bench import (
     DrafterRefreshConfig,
     SpecBenchConfig,
     backbone_and_streams,
     run_drafter_refresh,
     run_spec_bench,
 )
-from mimo_kit.spec.train import train_drafter
+from mimo_kit.speculative.train import train_drafter
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ import time
 import torch
 
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.spec.drafter import BlockDrafter
+from mimo_kit.speculative.drafter import BlockDrafter
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
