@@ -284,14 +284,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line as ``main`` reads it: key=value overrides may come before or after the options of `run`."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    # key=value overrides may come before or after the options of `run`
     if extra and (args.command not in ("run", "launch") or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     try:
         return args.fn(args)
     except ConfigError as e:
