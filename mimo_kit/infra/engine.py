@@ -164,7 +164,14 @@ class InProcessEngine:
         """ids [B, L] continuing ``cache`` → (last-position logits [B, V] in fp32 on the CPU, cache).
 
         The model runs on its device; the next token is sampled on the CPU with the engine's CPU generator, so a
-        seed draws the same tokens on every device (one [B, V] copy per step)."""
+        seed draws the same tokens on every device (one [B, V] copy per step).
+
+        On a :class:`StaticKVCache` (the kit's fast path) the first call prefills ``ids``, a list of prompts of
+        any lengths; later calls decode ids [B, 1]."""
+        if isinstance(cache, StaticKVCache):
+            if cache.span == 0:
+                return cache.prefill(self.model, ids).float().cpu(), cache
+            return decode_step(self.model, ids[:, 0].to(self.device), cache).float().cpu(), cache
         ids = ids.to(self.device)
         if self.is_kit:
             return self.model(ids, cache, logits_to_keep=1).logits[:, -1].float().cpu(), cache
@@ -227,10 +234,9 @@ class InProcessEngine:
             if fast:
                 cache = StaticKVCache(self.model.config, B, max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens,
                                       dtype=next(self.model.parameters()).dtype, device=self.device)
-                logits = cache.prefill(self.model, [r.prompt_ids for r in reqs]).float().cpu()
+                logits, cache = self._forward([r.prompt_ids for r in reqs], cache)
             else:
-                cache = self._new_cache()
-                logits, cache = self._forward(ids, cache)
+                logits, cache = self._forward(ids, self._new_cache())
             for _step in range(r0.max_new_tokens):
                 tok, logp, kept = sample_next(logits, temperature=r0.temperature, top_k=r0.top_k, top_p=r0.top_p,
                                               generator=self.generator)
@@ -260,10 +266,7 @@ class InProcessEngine:
                 feed = torch.where(was_done, torch.full_like(tok, self.pad_id), tok)
                 if bool(done.all()) and not want_routing:
                     break
-                if fast:
-                    logits = decode_step(self.model, feed.to(self.device), cache).float().cpu()
-                else:
-                    logits, cache = self._forward(feed[:, None], cache)
+                logits, cache = self._forward(feed[:, None], cache)
                 if bool(done.all()):
                     break
         if want_routing:
