@@ -433,3 +433,15 @@ def test_serve_refuses_non_loopback_hosts(capsys):
     assert check_host("0.0.0.0", allow_remote=True) == "0.0.0.0"
     assert main(["serve", "--random-kit", "--host", "0.0.0.0"]) == 2  # refused before any model is built
     assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_ragged_batch_equals_one_request_at_a_time(no_near_ties):
+    """The kit engine decodes prompts of different lengths in one batch (fast path): same greedy tokens."""
+    model = kit_model()
+    reqs = [GenerationRequest(f"r{i}", list(range(1, n + 1)), max_new_tokens=6, temperature=0.0)
+            for i, n in enumerate((3, 7, 3, 12))]
+    batched = InProcessEngine(model).generate(reqs)
+    alone = [InProcessEngine(model).generate([r])[0] for r in reqs]
+    for b, a in zip(batched, alone):
+        assert b.token_ids == a.token_ids
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)

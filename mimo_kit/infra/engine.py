@@ -29,6 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.fast_decode import StaticKVCache, decode_step
 from mimo_kit.model.generate import sample_next
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -115,8 +116,10 @@ def candidate_logmass(logits: torch.Tensor, kept: torch.Tensor, temperature: flo
 class InProcessEngine:
     """The embedded engine: the kit decoder or a transformers causal LM, batched decode with a KV cache.
 
-    Requests with the same prompt length and sampling settings share one batch (a GRPO group is one batch: its
-    rollouts share the prompt). ``seed`` fixes the sampling stream; :meth:`rng_state` / :meth:`set_rng_state`
+    Requests with the same sampling settings share one batch (a GRPO group is one batch: its rollouts share the
+    prompt, prefilled once). The kit decoder decodes rows of different prompt lengths together on
+    :mod:`mimo_kit.model.fast_decode`; requests that capture routing (R3) and transformers models keep the general
+    forward, batched by equal prompt length. ``seed`` fixes the sampling stream; :meth:`rng_state` / :meth:`set_rng_state`
     carry it across a checkpoint so a resumed run draws the same tokens.
     """
 
@@ -161,7 +164,14 @@ class InProcessEngine:
         """ids [B, L] continuing ``cache`` → (last-position logits [B, V] in fp32 on the CPU, cache).
 
         The model runs on its device; the next token is sampled on the CPU with the engine's CPU generator, so a
-        seed draws the same tokens on every device (one [B, V] copy per step)."""
+        seed draws the same tokens on every device (one [B, V] copy per step).
+
+        On a :class:`StaticKVCache` (the kit's fast path) the first call prefills ``ids``, a list of prompts of
+        any lengths; later calls decode ids [B, 1]."""
+        if isinstance(cache, StaticKVCache):
+            if cache.span == 0:
+                return cache.prefill(self.model, ids).float().cpu(), cache
+            return decode_step(self.model, ids[:, 0].to(self.device), cache).float().cpu(), cache
         ids = ids.to(self.device)
         if self.is_kit:
             return self.model(ids, cache, logits_to_keep=1).logits[:, -1].float().cpu(), cache
@@ -177,7 +187,7 @@ class InProcessEngine:
                  on_step: Callable[[], None] | None = None) -> list[GenerationOutput]:
         """Generate every request; outputs in request order. Abort flags are cleared on entry.
 
-        ``on_step`` is called after every decode step (of every batch of equal-length prompts); it may call
+        ``on_step`` is called after every decode step (of every batch); it may call
         :meth:`abort`, which cuts the requests still running at that step (and those not started yet) at a
         deterministic point, so a partial rollout that aborts from here resumes reproducibly.
         """
@@ -189,7 +199,8 @@ class InProcessEngine:
         for i, r in enumerate(requests):
             if not isinstance(r, GenerationRequest):
                 raise TypeError(f"generate: request {i} is a {type(r).__name__}, expected GenerationRequest")
-            key = (len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop_token_ids),
+            ragged = self.is_kit and not r.return_routed_experts  # fast path: rows of any prompt length
+            key = (None if ragged else len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop_token_ids),
                    r.return_routed_experts, r.return_candidates)
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
@@ -209,7 +220,8 @@ class InProcessEngine:
         if want_routing and not self.is_kit:
             raise ValueError("generate: return_routed_experts needs the kit decoder (routing capture)")
         B = len(reqs)
-        ids = torch.tensor([r.prompt_ids for r in reqs], dtype=torch.long)  # [B, T]
+        fast = self.is_kit and not want_routing  # rows of different prompt lengths on a StaticKVCache
+        ids = None if fast else torch.tensor([r.prompt_ids for r in reqs], dtype=torch.long)  # [B, T]
         stops = torch.tensor(sorted(set(r0.stop_token_ids)), dtype=torch.long)
         tokens: list[list[int]] = [[] for _ in range(B)]
         logps: list[list[float]] = [[] for _ in range(B)]
@@ -219,8 +231,12 @@ class InProcessEngine:
         captures: list[torch.Tensor] = []  # per forward: [layers, B·L, k]
         ctx = self.model.capture_routing() if want_routing else _null()
         with ctx as record:
-            cache = self._new_cache()
-            logits, cache = self._forward(ids, cache)
+            if fast:
+                cache = StaticKVCache(self.model.config, B, max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens,
+                                      dtype=next(self.model.parameters()).dtype, device=self.device)
+                logits, cache = self._forward([r.prompt_ids for r in reqs], cache)
+            else:
+                logits, cache = self._forward(ids, self._new_cache())
             for _step in range(r0.max_new_tokens):
                 tok, logp, kept = sample_next(logits, temperature=r0.temperature, top_k=r0.top_k, top_p=r0.top_p,
                                               generator=self.generator)
@@ -256,7 +272,7 @@ class InProcessEngine:
         if want_routing:
             captures = record.indices  # [layers, B·T + steps·B, k]
         outs = []
-        T = ids.shape[1]
+        T = ids.shape[1] if ids is not None else 0
         for b, r in enumerate(reqs):
             routed = None
             if want_routing:

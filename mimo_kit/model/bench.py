@@ -24,6 +24,8 @@ class BenchDecoderConfig(Config):
     prefill_lengths: tuple[int, ...] = knob((128, 512), "tiny: a smoke run in seconds")
     decode_context: int = knob(256, "context before the timed decode steps")
     decode_tokens: int = knob(16, "decode steps timed", min=1)
+    decode_batches: tuple[tuple[int, int], ...] = knob(((1, 256), (8, 128)), "(batch, context) of the fast-path "
+                                                        "decode rows: tiny smoke sizes")
     cache_lengths: tuple[int, ...] = knob((256, 1024), "context lengths at which cache bytes are read")
     repeats: int = knob(2, "best of n timings (the first run also warms up)", min=1)
     compare_transformers: bool = knob(True, "time transformers' eager model on the same weights too")
@@ -34,6 +36,7 @@ class BenchDecoderConfig(Config):
         "tiny": {},
         # The chapter-2 benchmark of the issue tracker: the `small` model shape at realistic lengths.
         "small": {"prefill_lengths": (512, 2048, 8192), "decode_context": 4096, "decode_tokens": 32,
+                  "decode_batches": ((1, 4096), (32, 256)),
                   "cache_lengths": (1024, 4096, 16384), "repeats": 2},
     }
 
@@ -127,6 +130,10 @@ def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
         rows.append({"measure": f"decode at {cfg.decode_context} (tok/s)", "kit": n / k, "transformers": n / h,
                      "ratio": h / k})
 
+        for batch, C in cfg.decode_batches:
+            say(f"fast decode at {C}, batch {batch}")
+            rows.append(_fast_decode_row(kit, hf, batch, C, cfg, gen))
+
         for T in cfg.cache_lengths:
             say(f"cache bytes at {T}")
             cache = kit.new_cache()
@@ -146,6 +153,38 @@ def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
             rows.append({"measure": f"KV cache at {T} (MiB)", "kit": kb / 2**20, "transformers": hb / 2**20,
                          "ratio": hb / kb, "kit SWA layers (MiB)": swa / 2**20})
     return {"rows": rows, "model": cfg.model.summary(), "threads": cfg.threads}
+
+
+def _fast_decode_row(kit, hf, batch: int, C: int, cfg: BenchDecoderConfig, gen: torch.Generator) -> dict:
+    """Decode tok/s (all rows) at context C: the kit's fast path (static cache, one prefill for the shared prompt)
+    against transformers eager with its DynamicCache on the same weights."""
+    from mimo_kit.model.fast_decode import StaticKVCache, decode_step
+
+    vocab, n = cfg.model.vocab_size, cfg.decode_tokens
+    ctx = torch.randint(0, vocab, (1, C), generator=gen)
+    steps = torch.randint(0, vocab, (batch, n), generator=gen)
+
+    def kit_decode():
+        cache = StaticKVCache(cfg.model, batch, C + n + 1)
+        cache.prefill(kit, ctx.tolist() * batch)
+        t0 = time.perf_counter()
+        for i in range(n):
+            decode_step(kit, steps[:, i], cache)
+        return time.perf_counter() - t0
+
+    def hf_decode():
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=hf.config)
+        hf(ctx.expand(batch, C), cache=cache, use_cache=True, logits_to_keep=1)
+        t0 = time.perf_counter()
+        for i in range(n):
+            hf(steps[:, i : i + 1], cache=cache, use_cache=True)
+        return time.perf_counter() - t0
+
+    k, h = _best_pair(kit_decode, hf_decode if hf is not None else None, cfg.repeats)
+    return {"measure": f"fast decode at {C}, batch {batch} (tok/s)", "kit": batch * n / k,
+            "transformers": batch * n / h, "ratio": h / k}
 
 
 def markdown(result: dict) -> str:

@@ -1,0 +1,293 @@
+"""Decoding a batch of sequences with a preallocated cache: a decode step is a fixed list of kernels (Report §2).
+
+:func:`generate` runs the model's general forward once per token: it builds a position range, rope tables per
+layer type, orders the SWA ring, concatenates past and new keys, checks token ids on the host and loops over the
+experts in Python. At a decode step those small ops, not the arithmetic, set the speed. This file decodes a
+batch of rows of *different* lengths (a GRPO group, or several groups with different prompts) with:
+
+- :class:`StaticKVCache`: per layer a buffer allocated once. GA keeps every position, ``[B, KV, max_len, D]``;
+  SWA keeps a ring of ``R = window`` slots, position p in slot ``p mod R``, plus one **sink slot** (below).
+  ``lengths [B]`` is each row's position of its next token, so each row has its own rope angles and slots.
+- :func:`decode_logits`: one token per row → logits [B, V]. Per step, once for all layers: rope cos/sin
+  gathered from tables at ``lengths``, an additive mask per layer type. Per layer: the new key/value is scattered
+  into its slot, then ``softmax(q Kᵀ · scale + bias) V`` over the buffer. The ring needs no ordering (softmax
+  does not mind) and no validity arithmetic: after writing position p, slot s holds a position within the window
+  iff ``s ≤ p`` (before the ring fills) — and every slot does once it has (R = window).
+- The **sink** (Report §2, attention sinks) is a key slot that never changes: k = 0 and v = 0, so its score is
+  the bias alone, which holds the head's sink logit. softmax over ``[scores, sink]`` without a concatenation.
+- Experts: for a handful of rows the k chosen experts' weights are gathered and multiplied with ``bmm``
+  (no per-expert Python loop, no host sync); for a batch the sorted-token grouped product of
+  :class:`~mimo_kit.model.moe.Experts`.
+
+Nothing in :func:`decode_logits` reads a tensor on the host (no ``.item()``, ``.tolist()``, data-dependent
+shapes), so ``torch.compile(fullgraph=True)`` traces it and a CUDA graph can capture it. The number of GA keys a
+step reads (``n_keys``) is a host integer the caller keeps (:attr:`StaticKVCache.span`), or ``max_len`` for a
+fixed-shape graph.
+
+Departures from :func:`~mimo_kit.model.generate.generate`: prompts are prefilled with the model's forward, one
+batched forward per distinct prompt length, identical prompts once (a GRPO group shares one prefill), and
+copied into the rows. Routing replay (R3) is not supported on this path (:func:`fast_generate` refuses it);
+routing capture records one ``[B, k]`` per decode step but prefill forwards per distinct prompt, so capture
+order is not ``generate``'s: the RL engine keeps the old path for requests that capture routing. Expert loads
+(``expert_load``) are counted as in the forward. No rollback (speculative decoding keeps :class:`KVCache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from mimo_kit.model.cache import KVCache
+from mimo_kit.model.config import FULL, SLIDING, MiMoConfig
+from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.generate import Generation, sample_next
+from mimo_kit.model.moe import MiMoMoE
+
+#: At most this many (token, expert) pairs take the gather + bmm expert path; above it the sorted grouped product
+#: wins (gathering copies k expert matrices per row: cheap for one row, a waste when rows share experts).
+GATHER_MAX_PAIRS = 8
+
+
+class StaticKVCache:
+    """Preallocated keys/values of a batch of ``batch`` rows up to ``max_len`` positions each.
+
+    ``k[i]`` [B, KV, S_i, D], ``v[i]`` [B, KV, S_i, Dv]: GA S_i = max_len; SWA S_i = R + 1 (ring of R = window
+    slots, then the sink slot, kept at zero). ``lengths`` [B] = tokens held per row; ``span`` = max(lengths) as a
+    host int (how many GA keys a step reads).
+    """
+
+    def __init__(self, cfg: MiMoConfig, batch: int, max_len: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        if batch < 1 or max_len < 1:
+            raise ValueError(f"StaticKVCache: batch={batch}, max_len={max_len}; expected both >= 1")
+        if max_len > cfg.max_position_embeddings:
+            raise ValueError(f"StaticKVCache: max_len={max_len} exceeds max_position_embeddings="
+                             f"{cfg.max_position_embeddings}")
+        self.config, self.batch, self.max_len = cfg, batch, max_len
+        self.ring = cfg.sliding_window  # R: slot of position p is p mod R
+        self.layer_types = cfg.layer_types
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        for t in self.layer_types:
+            kv = cfg.swa_num_key_value_heads if t == SLIDING else cfg.num_key_value_heads
+            S = self.ring + 1 if t == SLIDING else max_len
+            self.k.append(torch.zeros(batch, kv, S, cfg.head_dim, dtype=dtype, device=device))
+            self.v.append(torch.zeros(batch, kv, S, cfg.v_head_dim, dtype=dtype, device=device))
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.span = 0
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    # ---- prefill ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, model: MiMoForCausalLM, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Run every prompt through ``model`` and store its keys in its row → last-position logits [B, V].
+
+        Rows with identical prompts share one forward; distinct prompts of equal length share a batched one."""
+        cfg = self.config
+        if len(prompts) != self.batch:
+            raise ValueError(f"prefill: {len(prompts)} prompts for a cache of batch {self.batch}")
+        rows_of: dict[tuple[int, ...], list[int]] = {}
+        for b, p in enumerate(prompts):
+            p = tuple(int(t) for t in p)
+            if not p:
+                raise ValueError(f"prefill: prompt {b} is empty; a prompt needs at least one token")
+            if len(p) >= self.max_len:
+                raise ValueError(f"prefill: prompt {b} has {len(p)} tokens; the cache holds max_len={self.max_len} "
+                                 "positions and decoding needs at least one more")
+            bad = [t for t in p if not 0 <= t < cfg.vocab_size]
+            if bad:
+                raise ValueError(f"prefill: prompt {b} holds token id {bad[0]}; expected 0..{cfg.vocab_size - 1}")
+            rows_of.setdefault(p, []).append(b)
+        by_len: dict[int, list[tuple[int, ...]]] = {}
+        for p in rows_of:
+            by_len.setdefault(len(p), []).append(p)
+        device = self.lengths.device
+        logits = None
+        for T, group in by_len.items():
+            kv = KVCache(cfg)
+            ids = torch.tensor(group, dtype=torch.long, device=device)  # [n, T]
+            out = model(ids, kv, logits_to_keep=1).logits[:, -1]  # [n, V]
+            if logits is None:
+                logits = out.new_empty(self.batch, out.shape[-1])
+            for j, p in enumerate(group):
+                rows = torch.tensor(rows_of[p], device=device)
+                logits[rows] = out[j]
+                self._store(kv, j, rows, T)
+        self.lengths.copy_(torch.tensor([len(p) for p in prompts]))
+        self.span = max(len(p) for p in prompts)
+        return logits
+
+    def _store(self, kv: KVCache, j: int, rows: torch.Tensor, T: int) -> None:
+        """Copy row ``j`` of a forward's cache (T positions) into ``rows`` of this one."""
+        for i, layer in enumerate(kv.layers):
+            k, v = layer.ordered()  # GA: positions 0..T−1; SWA: the last n ≤ window − 1
+            k, v = k[j], v[j]  # [KV, n, ·]
+            n = k.shape[1]
+            if self.layer_types[i] == FULL:
+                self.k[i][rows, :, :T] = k.to(self.k[i].dtype)
+                self.v[i][rows, :, :T] = v.to(self.v[i].dtype)
+            elif n:
+                slots = torch.arange(T - n, T, device=k.device) % self.ring
+                for r in rows.tolist():  # prefill only: a handful of rows per prompt
+                    self.k[i][r, :, slots] = k.to(self.k[i].dtype)
+                    self.v[i][r, :, slots] = v.to(self.v[i].dtype)
+
+
+# ---- the decode step ---------------------------------------------------------------------------------------------
+def _rope_tables(model: MiMoForCausalLM, cache: StaticKVCache) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """cos/sin [max_len, r/2] per layer type, built once per cache (rotate-half uses each half-frequency twice)."""
+    tables = getattr(cache, "_rope", None)
+    if tables is None:
+        pos = torch.arange(cache.max_len, device=cache.lengths.device, dtype=torch.float)
+        tables = {}
+        for t, inv in ((FULL, model.model.ga_inv_freq), (SLIDING, model.model.swa_inv_freq)):
+            freqs = pos[:, None] * inv.to(pos.device)[None, :]  # [max_len, r/2]
+            dtype = cache.k[0].dtype
+            tables[t] = (freqs.cos().to(dtype), freqs.sin().to(dtype))
+        cache._rope = tables
+    return tables
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rope on the first r dims of x [B, heads, D]; cos/sin [B, 1, r/2]. x₁' = x₁c − x₂s, x₂' = x₂c + x₁s."""
+    h = cos.shape[-1]
+    x1, x2, rest = x[..., :h], x[..., h : 2 * h], x[..., 2 * h :]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
+
+
+def _sink_column(cache: StaticKVCache, i: int, a) -> torch.Tensor:
+    """[1, KV, G, R + 1]: zeros, the head's sink logit in the sink slot; built once per cache and layer."""
+    cols = cache.__dict__.setdefault("_sinks", {})
+    if i not in cols:
+        KV, G = a.num_kv_heads, a.num_heads // a.num_kv_heads
+        col = torch.zeros(1, KV, G, cache.ring + 1, dtype=cache.k[i].dtype, device=cache.k[i].device)
+        col[..., cache.ring] = a.sinks.detach().view(KV, G).to(col.dtype)
+        cols[i] = col
+    return cols[i]
+
+
+def _moe(m: MiMoMoE, x: torch.Tensor) -> torch.Tensor:
+    """The sparse FFN on x [N, H] without host syncs; counts ``expert_load`` and honours routing capture."""
+    idx, w = m.gate(x)  # [N, k] each
+    m.expert_load.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=m.expert_load.dtype,
+                                                            device=idx.device))
+    if m.capture is not None:
+        m.capture.append(idx.detach())
+    N, k = idx.shape
+    ex = m.experts
+    if N * k > GATHER_MAX_PAIRS:
+        return ex(x, idx, w)
+    flat = idx.reshape(-1)
+    gu = ex.gate_up_proj[flat]  # [N·k, 2I, H]: the chosen experts only
+    xr = x.repeat_interleave(k, dim=0)[:, :, None].to(gu.dtype)  # [N·k, H, 1]
+    gate, up = torch.bmm(gu, xr).chunk(2, dim=1)  # [N·k, I, 1] each
+    y = torch.bmm(ex.down_proj[flat], F.silu(gate) * up)[:, :, 0]  # [N·k, H]
+    return (y.view(N, k, -1) * w[:, :, None].to(y.dtype)).sum(1).to(x.dtype)
+
+
+def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache,
+                  n_keys: int) -> torch.Tensor:
+    """tokens [B] at positions ``cache.lengths`` → logits [B, V]; writes their keys and advances ``lengths``.
+
+    ``n_keys`` (host int, ≥ max(lengths) + 1) bounds the GA keys read. No host syncs: graph- and compile-safe."""
+    m = model.model
+    B = tokens.shape[0]
+    pos = cache.lengths  # [B]
+    tables = _rope_tables(model, cache)
+    rope = {t: (c[pos][:, None], s[pos][:, None]) for t, (c, s) in tables.items()}  # [B, 1, r/2] each
+    neg = torch.finfo(cache.k[0].dtype).min
+    # additive masks [B, 1, 1, S]: GA keys 0..pos; ring slots s ≤ pos, then the sink slot (always on)
+    ga_bias = torch.zeros(B, n_keys, dtype=cache.k[0].dtype, device=pos.device).masked_fill_(
+        torch.arange(n_keys, device=pos.device)[None, :] > pos[:, None], neg)[:, None, None, :]
+    R = cache.ring
+    slot_ids = torch.arange(R + 1, device=pos.device)
+    ring_bias = torch.zeros(B, R + 1, dtype=cache.k[0].dtype, device=pos.device).masked_fill_(
+        (slot_ids[None, :] > pos[:, None]) & (slot_ids[None, :] < R), neg)[:, None, None, :]
+    ring_slot = (pos % R)[:, None, None, None]  # [B, 1, 1, 1]
+    ga_slot = pos[:, None, None, None]
+
+    x = m.embed_tokens(tokens)  # [B, H]
+    for i, layer in enumerate(m.layers):
+        a = layer.self_attn
+        H, KV, D, Dv = a.num_heads, a.num_kv_heads, a.head_dim, a.v_head_dim
+        G = H // KV
+        h = layer.input_layernorm(x)
+        cos, sin = rope[SLIDING if a.is_swa else FULL]
+        q = _rope(a.q_proj(h).view(B, H, D), cos, sin) * a.scale  # [B, H, D]
+        k = _rope(a.k_proj(h).view(B, KV, D), cos, sin)  # [B, KV, D]
+        v = a.v_proj(h).view(B, KV, Dv) * a.v_scale
+        kb, vb = cache.k[i], cache.v[i]
+        slot = ring_slot if a.is_swa else ga_slot
+        kb.scatter_(2, slot.expand(B, KV, 1, D), k[:, :, None].to(kb.dtype))
+        vb.scatter_(2, slot.expand(B, KV, 1, Dv), v[:, :, None].to(vb.dtype))
+        if a.is_swa:
+            keys, values = kb, vb  # [B, KV, R + 1, ·], the last slot the sink
+            bias = ring_bias + _sink_column(cache, i, a)  # [B, KV, G, R + 1]
+        else:
+            keys, values, bias = kb[:, :, :n_keys], vb[:, :, :n_keys], ga_bias
+        scores = torch.matmul(q.view(B, KV, G, D).to(keys.dtype), keys.transpose(-1, -2)) + bias  # [B, KV, G, S]
+        out = torch.matmul(scores.softmax(-1), values)  # [B, KV, G, Dv]
+        x = x + a.o_proj(out.reshape(B, H * Dv).to(x.dtype))
+        h = layer.post_attention_layernorm(x)
+        x = x + (_moe(layer.mlp, h) if isinstance(layer.mlp, MiMoMoE) else layer.mlp(h))
+    cache.lengths.add_(1)
+    return model.lm_head(m.norm(x))
+
+
+def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
+    """One token per row (tokens [B]) → logits [B, V]; the host keeps ``cache.span``."""
+    if cache.span >= cache.max_len:
+        raise ValueError(f"decode_step: a row reached max_len={cache.max_len}; build the cache larger")
+    logits = decode_logits(model, tokens, cache, cache.span + 1)
+    cache.span += 1
+    return logits
+
+
+# ---- generation ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def fast_generate(model: MiMoForCausalLM, prompts: Sequence[Sequence[int]] | torch.Tensor, max_new_tokens: int, *,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_token_id: int | None = None,
+                  pad_id: int = 0, return_candidates: bool = False,
+                  generator: torch.Generator | None = None) -> Generation:
+    """:func:`~mimo_kit.model.generate.generate` for prompts of different lengths, on a :class:`StaticKVCache`.
+
+    Same sampling (:func:`sample_next`), same :class:`Generation`; rows that stopped are fed ``pad_id``."""
+    if isinstance(prompts, torch.Tensor):
+        prompts = prompts.tolist()
+    if not prompts:
+        raise ValueError("fast_generate: no prompts")
+    if max_new_tokens < 1:
+        raise ValueError(f"fast_generate: max_new_tokens={max_new_tokens}; expected >= 1")
+    if any(m.replay is not None for m in model.moe_layers()):
+        raise ValueError("fast_generate: routing replay (R3) is active; use generate() with the KV cache")
+    B = len(prompts)
+    device = next(model.parameters()).device
+    max_len = max(len(p) for p in prompts) + max_new_tokens
+    cache = StaticKVCache(model.config, B, max_len, dtype=next(model.parameters()).dtype, device=device)
+    logits = cache.prefill(model, prompts)
+    tokens, logps = [], []
+    cands: list[list[torch.Tensor]] = [[] for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    lengths, reasons = [max_new_tokens] * B, ["length"] * B
+    for step in range(max_new_tokens):
+        tok, logp, kept = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        tokens.append(tok)
+        logps.append(torch.where(done, torch.zeros_like(logp), logp))
+        if return_candidates:
+            for b in range(B):
+                if not done[b]:
+                    cands[b].append(kept[b].nonzero()[:, 0])
+        if eos_token_id is not None:
+            for b in (tok == eos_token_id).logical_and(~done).nonzero()[:, 0].tolist():
+                lengths[b], reasons[b] = step + 1, "stop"
+            done |= tok == eos_token_id
+        if bool(done.all()) or step == max_new_tokens - 1:
+            break
+        logits = decode_step(model, tok, cache)
+    return Generation(torch.stack(tokens, 1), torch.stack(logps, 1), reasons, lengths,
+                      cands if return_candidates else None)
