@@ -15,7 +15,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mimo_kit.config.base import Config, knob
+from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.decode import speculative_generate
@@ -28,6 +28,7 @@ class SpecBenchConfig(Config):
     train: DrafterTrainConfig = dataclasses.field(default_factory=DrafterTrainConfig)
     backbone_steps: int = knob(600, "tiny backbone pre-training steps: enough for text the drafter can predict",
                                min=1)
+    backbone_shape: str = knob("tiny", "a key of BACKBONE_SHAPES: the backbone's model overrides")
     block_sizes: tuple[int, ...] = knob((4, 6, 8), "the issue's sweep; Report §2: 8 by default, 6 in RL serving")
     temperatures: tuple[float, ...] = knob((0.0, 0.7), "greedy, and sampling with lossless rejection")
     prompts: int = knob(4, "prompts per setting, drawn from held-out text", min=1)
@@ -37,8 +38,35 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = <repo>/runs/ch02b, "
                                      "shared by the notebook and the command line")
     seed: int = knob(0, "prompts and sampling", min=0)
+    rounds: int = knob(1, "alternated plain/speculative timing rounds; medians and spreads over them", min=1)
 
-    PRESETS = {"tiny": {}, "small": {"backbone_steps": 2000, "new_tokens": 192}}
+    PRESETS = {
+        "tiny": {},
+        "small": {"backbone_steps": 2000, "new_tokens": 192},
+        # A shape where drafting can pay: an 8-layer backbone step against a 1-layer drafter (see BACKBONE_SHAPES).
+        "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (6, 8), "rounds": 5,
+                 "train.steps": 400, "train.drafter.num_layers": 1, "train.drafter.head_dim": 64,
+                 "train.drafter.intermediate_size": 512},
+    }
+
+    def check(self) -> None:
+        if self.backbone_shape not in BACKBONE_SHAPES:
+            raise ConfigError(f"SpecBenchConfig.backbone_shape: {self.backbone_shape!r}; expected one of "
+                              f"{sorted(BACKBONE_SHAPES)}")
+
+
+# Backbone model overrides on top of the tiny pre-training preset.
+BACKBONE_SHAPES: dict[str, dict] = {
+    "tiny": {},
+    # hidden 256, 8 layers (6 dense, 2 MoE with 4 experts, top-1): a decode step is 8 layers of fixed per-layer
+    # overhead on a CPU, a 1-layer drafter ~1/8 of it. Global attention in every layer: the kit's SWA kernel
+    # costs ~2× a decode step for a multi-token query, GA ~1.1× (measured, benchmarks/RESULTS_spec.md), and
+    # verification must cost about one decode step for drafting to pay.
+    "pays": {"model.hidden_size": 256, "model.num_hidden_layers": 8, "model.num_attention_heads": 4,
+             "model.head_dim": 64, "model.v_head_dim": 64, "model.intermediate_size": 768,
+             "model.moe_intermediate_size": 384, "model.n_routed_experts": 4, "model.num_experts_per_tok": 1,
+             "model.dense_layers": (0, 1, 2, 3, 4, 5), "model.global_layers": tuple(range(8))},
+}
 
 
 def run_dir(cfg: SpecBenchConfig) -> str:
@@ -46,7 +74,8 @@ def run_dir(cfg: SpecBenchConfig) -> str:
     from pathlib import Path
 
     base = cfg.out_dir or str(Path(__file__).resolve().parents[2] / "runs" / "ch02b")
-    return f"{base}/{'quick' if cfg.quick else 'full'}"
+    shape = "" if cfg.backbone_shape == "tiny" else f"-{cfg.backbone_shape}"
+    return f"{base}/{'quick' if cfg.quick else 'full'}{shape}"
 
 
 def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object, dict[str, torch.Tensor]]:
@@ -56,6 +85,7 @@ def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object,
 
     pre = PretrainConfig.preset("tiny", steps=cfg.backbone_steps, quick=cfg.quick,
                                 out_dir=f"{run_dir(cfg)}/backbone", checkpoint_every=0)
+    pre = pre.override(dict(BACKBONE_SHAPES[cfg.backbone_shape]))
     result = run_pretrain(pre)
     return result.model, result.tokenizer, token_streams(result.tokenizer)
 
