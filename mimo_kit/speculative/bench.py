@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
-from mimo_kit.speculative.decode import speculative_generate
-from mimo_kit.speculative.drafter import BlockDrafter
-from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
+from mimo_kit.speculative.decode import Drafter, speculative_generate
+from mimo_kit.speculative.mtp import MTPDrafter
+from mimo_kit.speculative.train import DrafterTrainConfig, MTPTrainConfig, train_drafter, train_mtp
 
 
 @dataclasses.dataclass
@@ -30,6 +30,9 @@ class SpecBenchConfig(Config):
                                min=1)
     backbone_shape: str = knob("tiny", "a key of BACKBONE_SHAPES: the backbone's model overrides")
     block_sizes: tuple[int, ...] = knob((4, 6, 8), "the issue's sweep; Report §2: 8 by default, 6 in RL serving")
+    mtp_block_sizes: tuple[int, ...] = knob((6,), "MTP budgets (anchor + k drafts), compared with the block drafter "
+                                                  "at the same B (Report §6: DFlash vs the old MTP)")
+    mtp_layers: int = knob(1, "MTP layers; one reused at every depth, as vLLM serves Flash's", min=1)
     temperatures: tuple[float, ...] = knob((0.0, 0.7), "greedy, and sampling with lossless rejection")
     prompts: int = knob(4, "prompts per setting, drawn from held-out text", min=1)
     prompt_len: int = knob(48, "tokens per prompt (longer than the tiny SWA window)", min=1)
@@ -90,54 +93,122 @@ def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object,
     return result.model, result.tokenizer, token_streams(result.tokenizer)
 
 
-def measure(backbone: MiMoForCausalLM, drafter: BlockDrafter, prompts: torch.Tensor, new_tokens: int,
-            temperature: float, seed: int) -> dict:
-    """Plain vs speculative decoding on each prompt [n, T]: accepted length, per-position acceptance, tok/s."""
-    plain_s, spec_s, lengths, n_tokens = 0.0, 0.0, [], 0
-    B = drafter.config.block_size
-    proposed, accepted = [0] * (B - 1), [0] * (B - 1)
-    for i, prompt in enumerate(prompts):
-        g = torch.Generator().manual_seed(seed + i)
-        start = time.perf_counter()
-        generate(backbone, prompt[None], new_tokens, temperature=temperature, generator=g)
-        plain_s += time.perf_counter() - start
-        res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
-                                   generator=torch.Generator().manual_seed(seed + i))
-        spec_s += res.seconds
-        lengths += [a + 1 for a in res.accepted]
-        n_tokens += len(res.tokens)
-        proposed = [p + q for p, q in zip(proposed, res.proposed_by_position)]
-        accepted = [p + q for p, q in zip(accepted, res.accepted_by_position)]
-    return {"block": B, "temperature": temperature, "accepted_length": statistics.mean(lengths),
-            "plain_tok_s": len(prompts) * new_tokens / plain_s, "spec_tok_s": n_tokens / spec_s,
-            "speedup": (n_tokens / spec_s) / (len(prompts) * new_tokens / plain_s),
+def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, new_tokens: int,
+            temperature: float, seed: int, rounds: int = 1, progress=None) -> dict:
+    """Plain vs speculative decoding on each prompt [n, T]: accepted length, per-position acceptance, tok/s.
+
+    Each of ``rounds`` rounds decodes every prompt plainly (:func:`mimo_kit.model.generate`) and speculatively,
+    alternating, so slow phases of a shared machine hit both; tok/s and their ratio are per round, reported as
+    median and min–max over rounds.
+    """
+    K = drafter.num_drafts
+    plain, spec, ratio, lengths = [], [], [], []
+    proposed, accepted = [0] * K, [0] * K
+    for r in range(rounds):
+        plain_s, spec_s, n_tokens = 0.0, 0.0, 0
+        for i, prompt in enumerate(prompts):
+            g = torch.Generator().manual_seed(seed + i)
+            start = time.perf_counter()
+            generate(backbone, prompt[None], new_tokens, temperature=temperature, generator=g)
+            plain_s += time.perf_counter() - start
+            res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
+                                       generator=torch.Generator().manual_seed(seed + i))
+            spec_s += res.seconds
+            n_tokens += len(res.tokens)
+            if r == 0:  # the same seeds every round: acceptance is counted once
+                lengths += [a + 1 for a in res.accepted]
+                proposed = [p + q for p, q in zip(proposed, res.proposed_by_position)]
+                accepted = [p + q for p, q in zip(accepted, res.accepted_by_position)]
+        plain.append(len(prompts) * new_tokens / plain_s)
+        spec.append(n_tokens / spec_s)
+        ratio.append(spec[-1] / plain[-1])
+        if progress is not None:
+            progress(f"round {r + 1}/{rounds}: plain {plain[-1]:.0f} tok/s, speculative {spec[-1]:.0f} tok/s")
+    return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
+            "temperature": temperature, "accepted_length": statistics.mean(lengths),
+            "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
+            "speedup": statistics.median(ratio), "plain_range": (min(plain), max(plain)),
+            "spec_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
             "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)]}
 
 
-def run_spec_bench(cfg: SpecBenchConfig) -> dict:
-    """Train one drafter per block size on the tiny backbone, then measure each at each temperature."""
+@torch.no_grad()
+def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: torch.Tensor,
+               block_sizes: tuple[int, ...], reps: int = 30) -> dict[str, float]:
+    """Median milliseconds of one backbone forward of 1 token and of B tokens after ``prompt`` [T] (the cost of a
+    decode step and of verifying a block), and of one ``propose`` per drafter."""
+    T = prompt.shape[0]
+    cache = backbone.new_cache(slack=max(block_sizes))
+    out = backbone(prompt[None], cache, output_hidden_states=True)
+    costs = {}
+    for L in sorted({1, *block_sizes}):
+        ts = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            backbone(prompt[None, :L], cache, output_hidden_states=True)
+            ts.append(time.perf_counter() - start)
+            cache.rollback(L)
+        costs[f"backbone {L} token{'s' if L > 1 else ''}"] = 1e3 * statistics.median(ts)
+    for name, drafter in drafters.items():
+        state, ts = drafter.begin(backbone, out, prompt[None]), []
+        for _ in range(reps):
+            start = time.perf_counter()
+            drafter.propose(backbone, state, int(prompt[-1]), T)
+            ts.append(time.perf_counter() - start)
+        costs[f"{name} propose"] = 1e3 * statistics.median(ts)
+    return costs
+
+
+def mtp_train_config(cfg: SpecBenchConfig, block: int) -> MTPTrainConfig:
+    """The MTP module's training knobs: the block drafter's (data, steps, lr, γ), at the same block budget."""
+    knobs = {k: v for k, v in cfg.train.to_dict().items() if k != "drafter"}
+    return MTPTrainConfig.from_dict({**knobs, "mtp": {"block_size": block, "gamma": cfg.train.drafter.gamma,
+                                                      "num_layers": cfg.mtp_layers}})
+
+
+def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
+    """Train one block drafter per block size and one MTP module per MTP budget on the pre-trained backbone, then
+    measure each at each temperature (plain and speculative alternated, ``rounds`` times)."""
+    say = (lambda msg: print(f"[bench-spec] {msg}", flush=True)) if progress else None
     backbone, _, streams = backbone_and_streams(cfg)
     val = streams["val"].long()
     g = torch.Generator().manual_seed(cfg.seed)
     starts = torch.randint(0, len(val) - cfg.prompt_len, (cfg.prompts,), generator=g)
     prompts = torch.stack([val[s : s + cfg.prompt_len] for s in starts.tolist()])
     new_tokens = min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
-    rows, logs = [], {}
+    quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
+    drafters, logs = {}, {}
     for B in cfg.block_sizes:
-        train_cfg = cfg.train.override({"drafter.block_size": B, **({"steps": 20, "self_generated": 8}
-                                                                    if cfg.quick else {})})
-        trained = train_drafter(backbone, streams["train"].long(), train_cfg, out_dir=f"{run_dir(cfg)}/drafter-B{B}")
-        logs[B] = trained["log"]
+        trained = train_drafter(backbone, streams["train"].long(),
+                                cfg.train.override({"drafter.block_size": B, **quick}),
+                                out_dir=f"{run_dir(cfg)}/drafter-B{B}")
+        drafters[f"block B={B}"], logs[f"block B={B}"] = trained["drafter"], trained["log"]
+    for B in cfg.mtp_block_sizes:
+        trained = train_mtp(backbone, streams["train"].long(), mtp_train_config(cfg, B).override(quick),
+                            out_dir=f"{run_dir(cfg)}/mtp-B{B}")
+        drafters[f"MTP B={B}"], logs[f"MTP B={B}"] = trained["drafter"], trained["log"]
+    costs = step_costs(backbone, drafters, prompts[0], tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
+    rows = []
+    for name, drafter in drafters.items():
         for T in cfg.temperatures:
-            rows.append(measure(backbone, trained["drafter"], prompts, new_tokens, T, cfg.seed))
-    return {"rows": rows, "drafter_logs": logs, "backbone": backbone}
+            if say:
+                say(f"{name}, temperature {T}")
+            rows.append(measure(backbone, drafter, prompts, new_tokens, T, cfg.seed, cfg.rounds, say))
+    return {"rows": rows, "drafter_logs": logs, "backbone": backbone, "costs": costs}
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| block B | temperature | mean accepted length | plain tok/s | speculative tok/s | speedup |\n"
-            "|---|---|---|---|---|---|\n")
-    return head + "\n".join(f"| {r['block']} | {r['temperature']} | {r['accepted_length']:.2f} | "
-                            f"{r['plain_tok_s']:.0f} | {r['spec_tok_s']:.0f} | {r['speedup']:.2f}× |"
+    """Medians over the rounds, min–max in brackets."""
+    head = ("| drafter | block B | temperature | mean accepted length | plain tok/s | speculative tok/s | speedup |\n"
+            "|---|---|---|---|---|---|---|\n")
+
+    def rng(r, key, fmt):
+        lo, hi = r.get(f"{key}_range", (r[key], r[key]))
+        return f"{r[key]:{fmt}} ({lo:{fmt}}–{hi:{fmt}})"
+
+    return head + "\n".join(f"| {r.get('drafter', 'block')} | {r['block']} | {r['temperature']} | "
+                            f"{r['accepted_length']:.2f} | {rng(r, 'plain_tok_s', '.0f')} | "
+                            f"{rng(r, 'spec_tok_s', '.0f')} | {rng(r, 'speedup', '.2f')}× |"
                             for r in rows) + "\n"
 
 
