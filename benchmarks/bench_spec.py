@@ -26,6 +26,9 @@ if __name__ == "__main__":
     bb = result["backbone"].config
     print(table)
     out = Path(__file__).with_name("RESULTS_spec.md")
+    marker = "<!-- notes: kept by reruns -->"
+    old = out.read_text() if out.exists() else ""
+    notes = old[old.index(marker):] if marker in old else marker + "\n"
     out.write_text(
         "# Speculative decoding benchmark (chapter 2.4)\n\n"
         f"Preset `{preset}`: backbone shape `{cfg.backbone_shape}` (hidden {bb.hidden_size}, {bb.num_hidden_layers} "
@@ -42,5 +45,5 @@ if __name__ == "__main__":
         f"| drafter | block B | temperature | positions 1 … B − 1 |\n|---|---|---|---|\n{per_pos}\n\n"
         "Cost of one call (median of 30, ms) after the first prompt; a round of speculative decoding costs one "
         "`propose` plus one backbone forward of B tokens:\n\n"
-        f"| call | ms | × backbone 1-token step |\n|---|---|---|\n{cost_rows}\n")
+        f"| call | ms | × backbone 1-token step |\n|---|---|---|\n{cost_rows}\n\n{notes}")
     print(f"→ {out}")

@@ -1,8 +1,11 @@
-"""Measurements of chapter 2.4: accepted length, acceptance per position and wall-clock speedup vs block size;
-and what retraining the drafter on the updated policy's own text buys (Report §2, §6).
+"""Measurements of chapter 2.4: accepted length, acceptance per position and wall-clock speedup vs block size,
+the block drafter (DFlash) against the MTP module at the same budget; and what retraining the drafter on the
+updated policy's own text buys (Report §2, §6).
 
 Both sides of every comparison run in the same process on the same prompts: plain decoding with the kit's cache
-(:func:`mimo_kit.model.generate`) against :func:`speculative_generate`.
+(:func:`mimo_kit.model.generate`) against :func:`speculative_generate`, alternated round by round, reported as
+median and min–max over rounds. :func:`step_costs` measures what drafting has to beat: a B-token verification
+forward against a 1-token decode step, and one ``propose``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class SpecBenchConfig(Config):
         "tiny": {},
         "small": {"backbone_steps": 2000, "new_tokens": 192},
         # A shape where drafting can pay: an 8-layer backbone step against a 1-layer drafter (see BACKBONE_SHAPES).
-        "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (6, 8), "rounds": 5,
+        "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
                  "train.steps": 400, "train.drafter.num_layers": 1, "train.drafter.head_dim": 64,
                  "train.drafter.intermediate_size": 512},
     }
@@ -225,7 +228,7 @@ class DrafterRefreshConfig(Config):
                                    "steps of a fresh optimiser do not undo it", min=0.0)
     quick: bool = knob(False, "smoke-sized run")
 
-    PRESETS = {"tiny": {}}
+    PRESETS = {"tiny": {}, "pays": {"bench": SpecBenchConfig.PRESETS["pays"]}}
 
 
 def run_drafter_refresh(cfg: DrafterRefreshConfig) -> dict:
