@@ -7,8 +7,15 @@ from scipy.stats import chisquare
 import mimo_kit.speculative.decode as decode
 from mimo_kit.config import ConfigError
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM, generate
-from mimo_kit.speculative import (BlockDrafter, DrafterConfig, MTPConfig, MTPDrafter, speculative_generate,
-                                  verify_greedy, verify_sampling)
+from mimo_kit.speculative import (
+    BlockDrafter,
+    DrafterConfig,
+    MTPConfig,
+    MTPDrafter,
+    speculative_generate,
+    verify_greedy,
+    verify_sampling,
+)
 from mimo_kit.speculative.drafter import context_mask
 from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
 

@@ -119,8 +119,9 @@ def load_mtp(mtp_state: dict[str, torch.Tensor], cfg: MiMoConfig, block_size: in
     expected = set(mtp.state_dict())
     missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
     if missing or unexpected:
-        raise ValueError(f"load_mtp: MTP weights do not fit the config: missing "
-                         f"{[MTP_PREFIX + k for k in missing[:5]]}, unexpected {[MTP_PREFIX + k for k in unexpected[:5]]}")
+        name = lambda keys: [MTP_PREFIX + k for k in keys[:5]]  # noqa: E731
+        raise ValueError(f"load_mtp: MTP weights do not fit the config: missing {name(missing)}, "
+                         f"unexpected {name(unexpected)}")
     mtp.load_state_dict(state)
     return mtp.eval()
 

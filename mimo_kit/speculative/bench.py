@@ -33,9 +33,11 @@ class SpecBenchConfig(Config):
                                min=1)
     backbone_shape: str = knob("tiny", "a key of BACKBONE_SHAPES: the backbone's model overrides")
     block_sizes: tuple[int, ...] = knob((4, 6, 8), "the issue's sweep; Report §2: 8 by default, 6 in RL serving")
-    mtp_block_sizes: tuple[int, ...] = knob((6,), "MTP budgets (anchor + k drafts), compared with the block drafter "
-                                                  "at the same B (Report §6: DFlash vs the old MTP)")
+    mtp_block_sizes: tuple[int, ...] = knob((), "MTP budgets (anchor + k drafts), compared with the block drafter "
+                                                "at the same B (Report §6: DFlash vs the old MTP); none in tiny")
     mtp_layers: int = knob(1, "MTP layers; one reused at every depth, as vLLM serves Flash's", min=1)
+    mtp_steps: int | None = knob(None, "MTP training steps; None = train.steps (pays: fewer, as an MTP step costs "
+                                       "more: both get ≤ 4 minutes on one core)")
     temperatures: tuple[float, ...] = knob((0.0, 0.7), "greedy, and sampling with lossless rejection")
     prompts: int = knob(4, "prompts per setting, drawn from held-out text", min=1)
     prompt_len: int = knob(48, "tokens per prompt (longer than the tiny SWA window)", min=1)
@@ -50,9 +52,10 @@ class SpecBenchConfig(Config):
         "tiny": {},
         "small": {"backbone_steps": 2000, "new_tokens": 192},
         # A shape where drafting can pay: an 8-layer backbone step against a 1-layer drafter (see BACKBONE_SHAPES).
+        # Budgets on one CPU core: backbone ~11 min, each drafter ≤ 4 min.
         "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
-                 "train.steps": 400, "train.drafter.num_layers": 1, "train.drafter.head_dim": 64,
-                 "train.drafter.intermediate_size": 512},
+                 "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
+                 "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512},
     }
 
     def check(self) -> None:
@@ -130,8 +133,8 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
     return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
             "temperature": temperature, "accepted_length": statistics.mean(lengths),
             "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
-            "speedup": statistics.median(ratio), "plain_range": (min(plain), max(plain)),
-            "spec_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
+            "speedup": statistics.median(ratio), "plain_tok_s_range": (min(plain), max(plain)),
+            "spec_tok_s_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
             "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)]}
 
 
@@ -165,6 +168,7 @@ def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: 
 def mtp_train_config(cfg: SpecBenchConfig, block: int) -> MTPTrainConfig:
     """The MTP module's training knobs: the block drafter's (data, steps, lr, γ), at the same block budget."""
     knobs = {k: v for k, v in cfg.train.to_dict().items() if k != "drafter"}
+    knobs["steps"] = cfg.mtp_steps or knobs["steps"]
     return MTPTrainConfig.from_dict({**knobs, "mtp": {"block_size": block, "gamma": cfg.train.drafter.gamma,
                                                       "num_layers": cfg.mtp_layers}})
 
@@ -180,16 +184,16 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     prompts = torch.stack([val[s : s + cfg.prompt_len] for s in starts.tolist()])
     new_tokens = min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
     quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
-    drafters, logs = {}, {}
+    drafters, logs, mtp_logs = {}, {}, {}
     for B in cfg.block_sizes:
         trained = train_drafter(backbone, streams["train"].long(),
                                 cfg.train.override({"drafter.block_size": B, **quick}),
                                 out_dir=f"{run_dir(cfg)}/drafter-B{B}")
-        drafters[f"block B={B}"], logs[f"block B={B}"] = trained["drafter"], trained["log"]
+        drafters[f"block B={B}"], logs[B] = trained["drafter"], trained["log"]
     for B in cfg.mtp_block_sizes:
         trained = train_mtp(backbone, streams["train"].long(), mtp_train_config(cfg, B).override(quick),
                             out_dir=f"{run_dir(cfg)}/mtp-B{B}")
-        drafters[f"MTP B={B}"], logs[f"MTP B={B}"] = trained["drafter"], trained["log"]
+        drafters[f"MTP B={B}"], mtp_logs[B] = trained["drafter"], trained["log"]
     costs = step_costs(backbone, drafters, prompts[0], tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
     rows = []
     for name, drafter in drafters.items():
@@ -197,7 +201,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
             if say:
                 say(f"{name}, temperature {T}")
             rows.append(measure(backbone, drafter, prompts, new_tokens, T, cfg.seed, cfg.rounds, say))
-    return {"rows": rows, "drafter_logs": logs, "backbone": backbone, "costs": costs}
+    return {"rows": rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone, "costs": costs}
 
 
 def markdown(rows: list[dict]) -> str:

@@ -1,7 +1,8 @@
 """Lossless speculative decoding with a drafter: the block drafter or the MTP module (Report §2, §6).
 
-Each round: the drafter proposes d_1 … d_{B−1} after the anchor (the block drafter in one pass, MTP in B − 1); the backbone scores
-[anchor, d_1, …, d_{B−1}] in one forward and so knows p_i, its distribution for the token after each input.
+Each round: the drafter proposes d_1 … d_{B−1} after the anchor (the block drafter in one pass, MTP in B − 1);
+the backbone scores [anchor, d_1, …, d_{B−1}] in one forward and so knows p_i, its distribution for the token
+after each input.
 
 - **Greedy**: accept the longest prefix with d_{i+1} = argmax p_i, then emit the *bonus* token argmax p_a.
   The output equals plain greedy decoding token for token.

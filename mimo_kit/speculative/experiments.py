@@ -10,10 +10,10 @@ from mimo_kit.speculative.bench import (
     DrafterRefreshConfig,
     SpecBenchConfig,
     backbone_and_streams,
+    mtp_train_config,
     run_drafter_refresh,
     run_spec_bench,
 )
-from mimo_kit.speculative.bench import mtp_train_config
 from mimo_kit.speculative.train import train_drafter, train_mtp
 
 
