@@ -214,3 +214,20 @@ def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     assert resumed["loss"] == full["loss"]  # bit-identical continuation: the same kernels on the same data
     longer = train_drafter(bb, tokens, cfg.override({"steps": 40, "lr": 5e-3}))["log"]
     assert sum(longer["loss"][-5:]) / 5 < sum(longer["loss"][:5]) / 5
+
+
+def test_measure_alternates_rounds_and_reports_medians_with_their_range():
+    from mimo_kit.speculative.bench import SpecBenchConfig, markdown, measure, mtp_train_config
+
+    bb = backbone(4)
+    prompts = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(4))
+    for drafter in (make_drafter("block", 4, bb, 4), make_drafter("mtp", 4, bb, 4)):
+        row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3)
+        assert row["rounds"] == 3 and row["block"] == 4 and row["accepted_length"] >= 1
+        for key in ("plain_tok_s", "spec_tok_s", "speedup"):
+            lo, hi = row[f"{key}_range"]
+            assert lo <= row[key] <= hi
+        assert row["drafter"] in markdown([row])
+    cfg = SpecBenchConfig.preset("pays")
+    m = mtp_train_config(cfg, 6)
+    assert (m.mtp.block_size, m.steps, m.lr, m.mtp.gamma) == (6, cfg.mtp_steps, cfg.train.lr, cfg.train.drafter.gamma)
