@@ -7,7 +7,15 @@ from scipy.stats import chisquare
 import mimo_kit.speculative.decode as decode
 from mimo_kit.config import ConfigError
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM, generate
-from mimo_kit.speculative import BlockDrafter, DrafterConfig, speculative_generate, verify_greedy, verify_sampling
+from mimo_kit.speculative import (
+    BlockDrafter,
+    DrafterConfig,
+    MTPConfig,
+    MTPDrafter,
+    speculative_generate,
+    verify_greedy,
+    verify_sampling,
+)
 from mimo_kit.speculative.drafter import context_mask
 from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
 
@@ -36,22 +44,55 @@ class OracleDrafter(BlockDrafter):
         return logits
 
 
+class OracleMTP(MTPDrafter):
+    """An MTP drafter whose proposals are the backbone's greedy continuation, wrong at every ``wrong_every``-th
+    depth; its state still goes through begin / commit."""
+
+    def __init__(self, cfg, bb, continuation, prompt_len, wrong_every=3):
+        super().__init__(cfg, bb.config)
+        self.continuation, self.prompt_len, self.wrong_every = continuation, prompt_len, wrong_every
+
+    def propose(self, backbone, state, anchor, pos, temperature=0.0, generator=None):
+        super().propose(backbone, state, anchor, pos, temperature, generator)  # exercise the chain on the state
+        V = backbone.config.vocab_size
+        drafts = []
+        for k in range(1, self.num_drafts + 1):
+            i = pos + k - self.prompt_len
+            tok = self.continuation[i] if i < len(self.continuation) else 0
+            drafts.append((tok + 1) % V if k % self.wrong_every == 0 else tok)
+        logits = torch.zeros(self.num_drafts, V)
+        logits[torch.arange(self.num_drafts), torch.tensor(drafts)] = 10.0
+        return torch.tensor(drafts), logits
+
+
+def make_drafter(kind, block, bb, seed):
+    torch.manual_seed(seed)
+    if kind == "block":
+        return BlockDrafter(DrafterConfig.preset("tiny", block_size=block), bb.config).eval()
+    return MTPDrafter(MTPConfig.preset("tiny", block_size=block, num_layers=2), bb.config).eval()
+
+
+def make_oracle(kind, block, bb, ref, prompt_len, wrong):
+    if kind == "block":
+        return OracleDrafter(DrafterConfig.preset("tiny", block_size=block), bb, ref, prompt_len, wrong)
+    return OracleMTP(MTPConfig.preset("tiny", block_size=block), bb, ref, prompt_len, wrong).eval()
+
+
+@pytest.mark.parametrize("kind", ["block", "mtp"])
 @pytest.mark.parametrize("seed, block", [(0, 4), (1, 6), (2, 8)])
-def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block, no_near_ties):
+def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block, kind, no_near_ties):
     bb = backbone(seed)
     prompt = torch.randint(0, 512, (1, 3 * bb.config.sliding_window + 5), generator=torch.Generator().manual_seed(seed))
     ref = generate(bb, prompt, 40).tokens[0].tolist()
     # verification blocks and single decode steps round differently; without near ties both pick the same tokens
     no_near_ties(bb, torch.cat([prompt, torch.tensor([ref[:-1]])], 1), greedy_from=prompt.shape[1] - 1)
-    cfg = DrafterConfig.preset("tiny", block_size=block)
-    torch.manual_seed(seed)
-    random_drafter = BlockDrafter(cfg, bb.config).eval()
+    random_drafter = make_drafter(kind, block, bb, seed)
     assert speculative_generate(bb, random_drafter, prompt, 40).tokens == ref
     wrong = 3 if block > 4 else 2
-    out = speculative_generate(bb, OracleDrafter(cfg, bb, ref, prompt.shape[1], wrong), prompt, 40)
+    out = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], wrong), prompt, 40)
     assert out.tokens == ref  # accepted drafts, rejections and cache rollbacks leave the output unchanged
     assert set(out.accepted) == {wrong - 1} and out.mean_accepted_length == wrong
-    perfect = speculative_generate(bb, OracleDrafter(cfg, bb, ref, prompt.shape[1], block + 1), prompt, 40)
+    perfect = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], block + 1), prompt, 40)
     assert perfect.tokens == ref and set(perfect.accepted[:-1]) == {block - 1}
 
 
@@ -99,12 +140,20 @@ def test_a_broken_residual_is_detected(monkeypatch):
 
 
 @pytest.mark.slow
-def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model():
+@pytest.mark.parametrize("kind", ["block", "mtp"])
+def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model(kind):
     """Tokens 2 and 3 of each run pass through draft verification; their joint law must be the backbone's."""
     V, n = 3, 400
     torch.manual_seed(3)
     bb = MiMoForCausalLM(MiMoConfig.preset("tiny", vocab_size=V, initializer_range=0.1)).eval()
-    drafter = BlockDrafter(DrafterConfig.preset("tiny", block_size=4), bb.config).eval()
+    drafter = (BlockDrafter(DrafterConfig.preset("tiny", block_size=4), bb.config) if kind == "block" else
+               MTPDrafter(MTPConfig.preset("tiny", block_size=4), bb.config)).eval()
+    if kind == "mtp":  # a drafter whose q differs from p visibly: random weights at a larger scale
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for name, p in drafter.named_parameters():
+                if "norm" not in name:
+                    p.normal_(0.0, 0.3, generator=g)
     prompt = torch.tensor([[1, 2, 0, 1, 2, 0]])
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(V, V)
@@ -165,3 +214,20 @@ def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     assert resumed["loss"] == full["loss"]  # bit-identical continuation: the same kernels on the same data
     longer = train_drafter(bb, tokens, cfg.override({"steps": 40, "lr": 5e-3}))["log"]
     assert sum(longer["loss"][-5:]) / 5 < sum(longer["loss"][:5]) / 5
+
+
+def test_measure_alternates_rounds_and_reports_medians_with_their_range():
+    from mimo_kit.speculative.bench import SpecBenchConfig, markdown, measure, mtp_train_config
+
+    bb = backbone(4)
+    prompts = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(4))
+    for drafter in (make_drafter("block", 4, bb, 4), make_drafter("mtp", 4, bb, 4)):
+        row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3)
+        assert row["rounds"] == 3 and row["block"] == 4 and row["accepted_length"] >= 1
+        for key in ("plain_tok_s", "spec_tok_s", "speedup"):
+            lo, hi = row[f"{key}_range"]
+            assert lo <= row[key] <= hi
+        assert row["drafter"] in markdown([row])
+    cfg = SpecBenchConfig.preset("pays")
+    m = mtp_train_config(cfg, 6)
+    assert (m.mtp.block_size, m.steps, m.lr, m.mtp.gamma) == (6, cfg.mtp_steps, cfg.train.lr, cfg.train.drafter.gamma)

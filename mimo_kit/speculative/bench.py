@@ -1,8 +1,11 @@
-"""Measurements of chapter 2.4: accepted length, acceptance per position and wall-clock speedup vs block size;
-and what retraining the drafter on the updated policy's own text buys (Report §2, §6).
+"""Measurements of chapter 2.4: accepted length, acceptance per position and wall-clock speedup vs block size,
+the block drafter (DFlash) against the MTP module at the same budget; and what retraining the drafter on the
+updated policy's own text buys (Report §2, §6).
 
 Both sides of every comparison run in the same process on the same prompts: plain decoding with the kit's cache
-(:func:`mimo_kit.model.generate`) against :func:`speculative_generate`.
+(:func:`mimo_kit.model.generate`) against :func:`speculative_generate`, alternated round by round, reported as
+median and min–max over rounds. :func:`step_costs` measures what drafting has to beat: a B-token verification
+forward against a 1-token decode step, and one ``propose``.
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mimo_kit.config.base import Config, knob
+from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
-from mimo_kit.speculative.decode import speculative_generate
-from mimo_kit.speculative.drafter import BlockDrafter
-from mimo_kit.speculative.train import DrafterTrainConfig, train_drafter
+from mimo_kit.speculative.decode import Drafter, speculative_generate
+from mimo_kit.speculative.mtp import MTPDrafter
+from mimo_kit.speculative.train import DrafterTrainConfig, MTPTrainConfig, train_drafter, train_mtp
 
 
 @dataclasses.dataclass
@@ -28,7 +31,13 @@ class SpecBenchConfig(Config):
     train: DrafterTrainConfig = dataclasses.field(default_factory=DrafterTrainConfig)
     backbone_steps: int = knob(600, "tiny backbone pre-training steps: enough for text the drafter can predict",
                                min=1)
+    backbone_shape: str = knob("tiny", "a key of BACKBONE_SHAPES: the backbone's model overrides")
     block_sizes: tuple[int, ...] = knob((4, 6, 8), "the issue's sweep; Report §2: 8 by default, 6 in RL serving")
+    mtp_block_sizes: tuple[int, ...] = knob((), "MTP budgets (anchor + k drafts), compared with the block drafter "
+                                                "at the same B (Report §6: DFlash vs the old MTP); none in tiny")
+    mtp_layers: int = knob(1, "MTP layers; one reused at every depth, as vLLM serves Flash's", min=1)
+    mtp_steps: int | None = knob(None, "MTP training steps; None = train.steps (pays: fewer, as an MTP step costs "
+                                       "more: both get ≤ 4 minutes on one core)")
     temperatures: tuple[float, ...] = knob((0.0, 0.7), "greedy, and sampling with lossless rejection")
     prompts: int = knob(4, "prompts per setting, drawn from held-out text", min=1)
     prompt_len: int = knob(48, "tokens per prompt (longer than the tiny SWA window)", min=1)
@@ -37,8 +46,36 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = <repo>/runs/ch02b, "
                                      "shared by the notebook and the command line")
     seed: int = knob(0, "prompts and sampling", min=0)
+    rounds: int = knob(1, "alternated plain/speculative timing rounds; medians and spreads over them", min=1)
 
-    PRESETS = {"tiny": {}, "small": {"backbone_steps": 2000, "new_tokens": 192}}
+    PRESETS = {
+        "tiny": {},
+        "small": {"backbone_steps": 2000, "new_tokens": 192},
+        # A shape where drafting can pay: an 8-layer backbone step against a 1-layer drafter (see BACKBONE_SHAPES).
+        # Budgets on one CPU core: backbone ~11 min, each drafter ≤ 4 min.
+        "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
+                 "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
+                 "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512},
+    }
+
+    def check(self) -> None:
+        if self.backbone_shape not in BACKBONE_SHAPES:
+            raise ConfigError(f"SpecBenchConfig.backbone_shape: {self.backbone_shape!r}; expected one of "
+                              f"{sorted(BACKBONE_SHAPES)}")
+
+
+# Backbone model overrides on top of the tiny pre-training preset.
+BACKBONE_SHAPES: dict[str, dict] = {
+    "tiny": {},
+    # hidden 256, 8 layers (6 dense, 2 MoE with 4 experts, top-1): a decode step is 8 layers of fixed per-layer
+    # overhead on a CPU, a 1-layer drafter ~1/8 of it. Global attention in every layer: the kit's SWA kernel
+    # costs ~2× a decode step for a multi-token query, GA ~1.1× (measured, benchmarks/RESULTS_spec.md), and
+    # verification must cost about one decode step for drafting to pay.
+    "pays": {"model.hidden_size": 256, "model.num_hidden_layers": 8, "model.num_attention_heads": 4,
+             "model.head_dim": 64, "model.v_head_dim": 64, "model.intermediate_size": 768,
+             "model.moe_intermediate_size": 384, "model.n_routed_experts": 4, "model.num_experts_per_tok": 1,
+             "model.dense_layers": (0, 1, 2, 3, 4, 5), "model.global_layers": tuple(range(8))},
+}
 
 
 def run_dir(cfg: SpecBenchConfig) -> str:
@@ -46,7 +83,8 @@ def run_dir(cfg: SpecBenchConfig) -> str:
     from pathlib import Path
 
     base = cfg.out_dir or str(Path(__file__).resolve().parents[2] / "runs" / "ch02b")
-    return f"{base}/{'quick' if cfg.quick else 'full'}"
+    shape = "" if cfg.backbone_shape == "tiny" else f"-{cfg.backbone_shape}"
+    return f"{base}/{'quick' if cfg.quick else 'full'}{shape}"
 
 
 def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object, dict[str, torch.Tensor]]:
@@ -56,58 +94,128 @@ def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object,
 
     pre = PretrainConfig.preset("tiny", steps=cfg.backbone_steps, quick=cfg.quick,
                                 out_dir=f"{run_dir(cfg)}/backbone", checkpoint_every=0)
+    pre = pre.override(dict(BACKBONE_SHAPES[cfg.backbone_shape]))
     result = run_pretrain(pre)
     return result.model, result.tokenizer, token_streams(result.tokenizer)
 
 
-def measure(backbone: MiMoForCausalLM, drafter: BlockDrafter, prompts: torch.Tensor, new_tokens: int,
-            temperature: float, seed: int) -> dict:
-    """Plain vs speculative decoding on each prompt [n, T]: accepted length, per-position acceptance, tok/s."""
-    plain_s, spec_s, lengths, n_tokens = 0.0, 0.0, [], 0
-    B = drafter.config.block_size
-    proposed, accepted = [0] * (B - 1), [0] * (B - 1)
-    for i, prompt in enumerate(prompts):
-        g = torch.Generator().manual_seed(seed + i)
-        start = time.perf_counter()
-        generate(backbone, prompt[None], new_tokens, temperature=temperature, generator=g)
-        plain_s += time.perf_counter() - start
-        res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
-                                   generator=torch.Generator().manual_seed(seed + i))
-        spec_s += res.seconds
-        lengths += [a + 1 for a in res.accepted]
-        n_tokens += len(res.tokens)
-        proposed = [p + q for p, q in zip(proposed, res.proposed_by_position)]
-        accepted = [p + q for p, q in zip(accepted, res.accepted_by_position)]
-    return {"block": B, "temperature": temperature, "accepted_length": statistics.mean(lengths),
-            "plain_tok_s": len(prompts) * new_tokens / plain_s, "spec_tok_s": n_tokens / spec_s,
-            "speedup": (n_tokens / spec_s) / (len(prompts) * new_tokens / plain_s),
+def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, new_tokens: int,
+            temperature: float, seed: int, rounds: int = 1, progress=None) -> dict:
+    """Plain vs speculative decoding on each prompt [n, T]: accepted length, per-position acceptance, tok/s.
+
+    Each of ``rounds`` rounds decodes every prompt plainly (:func:`mimo_kit.model.generate`) and speculatively,
+    alternating, so slow phases of a shared machine hit both; tok/s and their ratio are per round, reported as
+    median and min–max over rounds.
+    """
+    K = drafter.num_drafts
+    plain, spec, ratio, lengths = [], [], [], []
+    proposed, accepted = [0] * K, [0] * K
+    for r in range(rounds):
+        plain_s, spec_s, n_tokens = 0.0, 0.0, 0
+        for i, prompt in enumerate(prompts):
+            g = torch.Generator().manual_seed(seed + i)
+            start = time.perf_counter()
+            generate(backbone, prompt[None], new_tokens, temperature=temperature, generator=g)
+            plain_s += time.perf_counter() - start
+            res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
+                                       generator=torch.Generator().manual_seed(seed + i))
+            spec_s += res.seconds
+            n_tokens += len(res.tokens)
+            if r == 0:  # the same seeds every round: acceptance is counted once
+                lengths += [a + 1 for a in res.accepted]
+                proposed = [p + q for p, q in zip(proposed, res.proposed_by_position)]
+                accepted = [p + q for p, q in zip(accepted, res.accepted_by_position)]
+        plain.append(len(prompts) * new_tokens / plain_s)
+        spec.append(n_tokens / spec_s)
+        ratio.append(spec[-1] / plain[-1])
+        if progress is not None:
+            progress(f"round {r + 1}/{rounds}: plain {plain[-1]:.0f} tok/s, speculative {spec[-1]:.0f} tok/s")
+    return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
+            "temperature": temperature, "accepted_length": statistics.mean(lengths),
+            "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
+            "speedup": statistics.median(ratio), "plain_tok_s_range": (min(plain), max(plain)),
+            "spec_tok_s_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
             "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)]}
 
 
-def run_spec_bench(cfg: SpecBenchConfig) -> dict:
-    """Train one drafter per block size on the tiny backbone, then measure each at each temperature."""
+@torch.no_grad()
+def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: torch.Tensor,
+               block_sizes: tuple[int, ...], reps: int = 30) -> dict[str, float]:
+    """Median milliseconds of one backbone forward of 1 token and of B tokens after ``prompt`` [T] (the cost of a
+    decode step and of verifying a block), and of one ``propose`` per drafter."""
+    T = prompt.shape[0]
+    cache = backbone.new_cache(slack=max(block_sizes))
+    out = backbone(prompt[None], cache, output_hidden_states=True)
+    costs = {}
+    for L in sorted({1, *block_sizes}):
+        ts = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            backbone(prompt[None, :L], cache, output_hidden_states=True)
+            ts.append(time.perf_counter() - start)
+            cache.rollback(L)
+        costs[f"backbone {L} token{'s' if L > 1 else ''}"] = 1e3 * statistics.median(ts)
+    for name, drafter in drafters.items():
+        state, ts = drafter.begin(backbone, out, prompt[None]), []
+        for _ in range(reps):
+            start = time.perf_counter()
+            drafter.propose(backbone, state, int(prompt[-1]), T)
+            ts.append(time.perf_counter() - start)
+        costs[f"{name} propose"] = 1e3 * statistics.median(ts)
+    return costs
+
+
+def mtp_train_config(cfg: SpecBenchConfig, block: int) -> MTPTrainConfig:
+    """The MTP module's training knobs: the block drafter's (data, steps, lr, γ), at the same block budget."""
+    knobs = {k: v for k, v in cfg.train.to_dict().items() if k != "drafter"}
+    knobs["steps"] = cfg.mtp_steps or knobs["steps"]
+    return MTPTrainConfig.from_dict({**knobs, "mtp": {"block_size": block, "gamma": cfg.train.drafter.gamma,
+                                                      "num_layers": cfg.mtp_layers}})
+
+
+def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
+    """Train one block drafter per block size and one MTP module per MTP budget on the pre-trained backbone, then
+    measure each at each temperature (plain and speculative alternated, ``rounds`` times)."""
+    say = (lambda msg: print(f"[bench-spec] {msg}", flush=True)) if progress else None
     backbone, _, streams = backbone_and_streams(cfg)
     val = streams["val"].long()
     g = torch.Generator().manual_seed(cfg.seed)
     starts = torch.randint(0, len(val) - cfg.prompt_len, (cfg.prompts,), generator=g)
     prompts = torch.stack([val[s : s + cfg.prompt_len] for s in starts.tolist()])
     new_tokens = min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
-    rows, logs = [], {}
+    quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
+    drafters, logs, mtp_logs = {}, {}, {}
     for B in cfg.block_sizes:
-        train_cfg = cfg.train.override({"drafter.block_size": B, **({"steps": 20, "self_generated": 8}
-                                                                    if cfg.quick else {})})
-        trained = train_drafter(backbone, streams["train"].long(), train_cfg, out_dir=f"{run_dir(cfg)}/drafter-B{B}")
-        logs[B] = trained["log"]
+        trained = train_drafter(backbone, streams["train"].long(),
+                                cfg.train.override({"drafter.block_size": B, **quick}),
+                                out_dir=f"{run_dir(cfg)}/drafter-B{B}")
+        drafters[f"block B={B}"], logs[B] = trained["drafter"], trained["log"]
+    for B in cfg.mtp_block_sizes:
+        trained = train_mtp(backbone, streams["train"].long(), mtp_train_config(cfg, B).override(quick),
+                            out_dir=f"{run_dir(cfg)}/mtp-B{B}")
+        drafters[f"MTP B={B}"], mtp_logs[B] = trained["drafter"], trained["log"]
+    costs = step_costs(backbone, drafters, prompts[0], tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
+    rows = []
+    for name, drafter in drafters.items():
         for T in cfg.temperatures:
-            rows.append(measure(backbone, trained["drafter"], prompts, new_tokens, T, cfg.seed))
-    return {"rows": rows, "drafter_logs": logs, "backbone": backbone}
+            if say:
+                say(f"{name}, temperature {T}")
+            rows.append(measure(backbone, drafter, prompts, new_tokens, T, cfg.seed, cfg.rounds, say))
+    return {"rows": rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone, "costs": costs}
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| block B | temperature | mean accepted length | plain tok/s | speculative tok/s | speedup |\n"
-            "|---|---|---|---|---|---|\n")
-    return head + "\n".join(f"| {r['block']} | {r['temperature']} | {r['accepted_length']:.2f} | "
-                            f"{r['plain_tok_s']:.0f} | {r['spec_tok_s']:.0f} | {r['speedup']:.2f}× |"
+    """Medians over the rounds, min–max in brackets."""
+    head = ("| drafter | block B | temperature | mean accepted length | plain tok/s | speculative tok/s | speedup |\n"
+            "|---|---|---|---|---|---|---|\n")
+
+    def rng(r, key, fmt):
+        lo, hi = r.get(f"{key}_range", (r[key], r[key]))
+        return f"{r[key]:{fmt}} ({lo:{fmt}}–{hi:{fmt}})"
+
+    return head + "\n".join(f"| {r.get('drafter', 'block')} | {r['block']} | {r['temperature']} | "
+                            f"{r['accepted_length']:.2f} | {rng(r, 'plain_tok_s', '.0f')} | "
+                            f"{rng(r, 'spec_tok_s', '.0f')} | {rng(r, 'speedup', '.2f')}× |"
                             for r in rows) + "\n"
 
 
@@ -124,7 +232,7 @@ class DrafterRefreshConfig(Config):
                                    "steps of a fresh optimiser do not undo it", min=0.0)
     quick: bool = knob(False, "smoke-sized run")
 
-    PRESETS = {"tiny": {}}
+    PRESETS = {"tiny": {}, "pays": {"bench": SpecBenchConfig.PRESETS["pays"]}}
 
 
 def run_drafter_refresh(cfg: DrafterRefreshConfig) -> dict:

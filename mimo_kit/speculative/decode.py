@@ -1,7 +1,8 @@
-"""Lossless speculative decoding with the block drafter (Report §2, §6).
+"""Lossless speculative decoding with a drafter: the block drafter or the MTP module (Report §2, §6).
 
-Each round: the drafter proposes d_1 … d_{B−1} after the anchor in one pass; the backbone scores
-[anchor, d_1, …, d_{B−1}] in one forward and so knows p_i, its distribution for the token after each input.
+Each round: the drafter proposes d_1 … d_{B−1} after the anchor (the block drafter in one pass, MTP in B − 1);
+the backbone scores [anchor, d_1, …, d_{B−1}] in one forward and so knows p_i, its distribution for the token
+after each input.
 
 - **Greedy**: accept the longest prefix with d_{i+1} = argmax p_i, then emit the *bonus* token argmax p_a.
   The output equals plain greedy decoding token for token.
@@ -12,17 +13,18 @@ Each round: the drafter proposes d_1 … d_{B−1} after the anchor in one pass;
   positions at once).
 
 Rejected positions are rolled back from the backbone's cache (its SWA rings keep ``block_size`` spare slots).
+The loop talks to the drafter through :class:`Drafter` (begin / propose / commit).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any, Protocol
 
 import torch
 
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.speculative.drafter import BlockDrafter
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -68,21 +70,44 @@ class SpecResult:
         return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
+class Drafter(Protocol):
+    """What the verification loop needs of a drafter (the block drafter and the MTP module both fit).
+
+    - ``num_drafts``: k, drafts per round (block size − 1);
+    - ``begin(backbone, out, prompt)`` → state, from the backbone's prefill output (hidden states included);
+    - ``propose(backbone, state, anchor, pos, temperature, generator)`` → (drafts [k], q logits [k, V]): drafts
+      after ``anchor`` at position ``pos``, draft i drawn from softmax(q_i / T) (argmax when T = 0) given the
+      drafts before it;
+    - ``commit(backbone, state, out, block, accepted, pos)`` → state, after the backbone verified ``block``
+      [1, k + 1] (its output ``out``) and kept the anchor and ``accepted`` drafts.
+    """
+
+    num_drafts: int
+
+    def begin(self, backbone: MiMoForCausalLM, out, prompt: torch.Tensor) -> Any: ...
+
+    def propose(self, backbone: MiMoForCausalLM, state: Any, anchor: int, pos: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def commit(self, backbone: MiMoForCausalLM, state: Any, out, block: torch.Tensor, accepted: int,
+               pos: int) -> Any: ...
+
+
 @torch.no_grad()
-def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, prompt: torch.Tensor,
+def speculative_generate(backbone: MiMoForCausalLM, drafter: Drafter, prompt: torch.Tensor,
                          max_new_tokens: int, *, temperature: float = 0.0, eos_token_id: int | None = None,
                          generator: torch.Generator | None = None) -> SpecResult:
-    """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence)."""
+    """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence) with any :class:`Drafter`."""
     if prompt.dim() != 2 or prompt.shape[0] != 1:
         raise ValueError(f"speculative_generate: prompt must be [1, T], got {tuple(prompt.shape)}")
     if temperature < 0:
         raise ValueError(f"speculative_generate: temperature={temperature}, expected >= 0")
-    B, window = drafter.config.block_size, drafter.config.context_window
+    K = drafter.num_drafts
+    B = K + 1
     t0 = time.perf_counter()
     cache = backbone.new_cache(slack=B)
     out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
-    positions = torch.arange(prompt.shape[1])
-    ctx = drafter.context(drafter.features(out.hidden_states)[:, -window:], positions[-window:])  # per layer k, v
+    state = drafter.begin(backbone, out, prompt)
 
     def pick(logits: torch.Tensor) -> int:
         if temperature == 0:
@@ -91,28 +116,20 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: BlockDrafter, promp
 
     anchor, pos = pick(out.logits[0, -1]), prompt.shape[1]
     tokens, accepted = [anchor], []
-    proposed_at, accepted_at = [0] * (B - 1), [0] * (B - 1)
+    proposed_at, accepted_at = [0] * K, [0] * K
     while len(tokens) < max_new_tokens and anchor != eos_token_id:
-        n_ctx = ctx[0][0].shape[2]
-        q_logits = drafter(backbone, ctx, torch.ones(1, n_ctx, dtype=torch.bool), torch.tensor([anchor]),
-                           torch.tensor([pos]))[0].float()  # [B − 1, V]
-        if temperature == 0:
-            drafts = q_logits.argmax(-1)
-        else:
-            q = (q_logits / temperature).softmax(-1)
-            drafts = torch.multinomial(q, 1, generator=generator)[:, 0]
+        drafts, q_logits = drafter.propose(backbone, state, anchor, pos, temperature, generator)  # [K], [K, V]
         block = torch.cat([torch.tensor([anchor]), drafts])[None]  # [1, B]
         out = backbone(block, cache, output_hidden_states=True)
         p_logits = out.logits[0].float()  # [B, V]: p_i predicts the token after block[i]
         if temperature == 0:
             a, nxt = verify_greedy(drafts, p_logits)
         else:
-            a, nxt = verify_sampling(drafts, q, (p_logits / temperature).softmax(-1), generator)
+            a, nxt = verify_sampling(drafts, (q_logits / temperature).softmax(-1),
+                                     (p_logits / temperature).softmax(-1), generator)
         cache.rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
-        new = drafter.context(drafter.features(out.hidden_states)[:, : a + 1], torch.arange(pos, pos + a + 1))
-        ctx = [(torch.cat([k, nk], 2)[:, :, -window:], torch.cat([v, nv], 2)[:, :, -window:])
-               for (k, v), (nk, nv) in zip(ctx, new)]  # the drafter's context: the last `window` positions
-        for i in range(min(a + 1, B - 1)):
+        state = drafter.commit(backbone, state, out, block, a, pos)
+        for i in range(min(a + 1, K)):
             proposed_at[i] += 1
             accepted_at[i] += int(i < a)
         accepted.append(a)

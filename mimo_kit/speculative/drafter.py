@@ -177,6 +177,35 @@ class BlockDrafter(nn.Module):
         return backbone.lm_head(self.norm(x[:, 1:]))
 
 
+    # ---- the speculative-decoding protocol (mimo_kit.speculative.decode) ------------------------------------------
+    @property
+    def num_drafts(self) -> int:
+        return self.config.block_size - 1
+
+    def begin(self, backbone: MiMoForCausalLM, out, prompt: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Context keys/values of the prompt's last ``context_window`` positions, from the prefill ``out``."""
+        window = self.config.context_window
+        positions = torch.arange(prompt.shape[1])
+        return self.context(self.features(out.hidden_states)[:, -window:], positions[-window:])
+
+    def propose(self, backbone: MiMoForCausalLM, state, anchor: int, pos: int, temperature: float = 0.0,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """All B − 1 drafts in one pass; each drawn from its own q_k (a block drafter ignores the other drafts)."""
+        n_ctx = state[0][0].shape[2]
+        q_logits = self(backbone, state, torch.ones(1, n_ctx, dtype=torch.bool), torch.tensor([anchor]),
+                        torch.tensor([pos]))[0].float()  # [B − 1, V]
+        if temperature == 0:
+            return q_logits.argmax(-1), q_logits
+        return torch.multinomial((q_logits / temperature).softmax(-1), 1, generator=generator)[:, 0], q_logits
+
+    def commit(self, backbone: MiMoForCausalLM, state, out, block: torch.Tensor, accepted: int, pos: int):
+        """Append the anchor's and the accepted drafts' context entries; keep the last ``context_window``."""
+        window, a = self.config.context_window, accepted
+        new = self.context(self.features(out.hidden_states)[:, : a + 1], torch.arange(pos, pos + a + 1))
+        return [(torch.cat([k, nk], 2)[:, :, -window:], torch.cat([v, nv], 2)[:, :, -window:])
+                for (k, v), (nk, nv) in zip(state, new)]
+
+
 def context_mask(ctx_positions: torch.Tensor, anchor_pos: torch.Tensor, window: int) -> torch.Tensor:
     """bool [N, C]: context position p is visible to the block anchored at a iff a − window ≤ p < a."""
     p, a = ctx_positions[None, :], anchor_pos[:, None]

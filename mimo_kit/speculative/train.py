@@ -1,4 +1,5 @@
-"""Training the block drafter against a frozen backbone, with checkpoints and exact resume (Report §2, §6).
+"""Training the block drafter (and the MTP module, :func:`train_mtp`) against a frozen backbone, with checkpoints
+and exact resume (Report §2, §6).
 
 Per step: a batch of sequences (corpus text, and text the backbone itself generated: the drafter must predict
 *the backbone*, not the corpus), the backbone's hidden states once (no gradient), M random anchors per sequence.
@@ -29,11 +30,13 @@ from mimo_kit.infra.dist import autocast, check_device_knobs, resolve_device, re
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig, context_mask
+from mimo_kit.speculative.mtp import MTPConfig, MTPDrafter
 
 
 @dataclasses.dataclass
-class DrafterTrainConfig(Config):
-    drafter: DrafterConfig = dataclasses.field(default_factory=DrafterConfig)
+class DraftTrainKnobs(Config):
+    """The training knobs the block drafter and the MTP module share."""
+
     steps: int = knob(300, "tiny: acceptance plateaus within a few hundred steps", min=1)
     batch: int = knob(8, "sequences per step", min=1)
     seq_len: int = knob(96, "tokens per training sequence", min=4)
@@ -57,6 +60,16 @@ class DrafterTrainConfig(Config):
         check_device_knobs("DrafterTrainConfig", self.device, self.precision)
 
     PRESETS = {"tiny": {}, "small": {"steps": 1000, "seq_len": 256, "self_generated": 64}}
+
+
+@dataclasses.dataclass
+class DrafterTrainConfig(DraftTrainKnobs):
+    drafter: DrafterConfig = dataclasses.field(default_factory=DrafterConfig)
+
+
+@dataclasses.dataclass
+class MTPTrainConfig(DraftTrainKnobs):
+    mtp: MTPConfig = dataclasses.field(default_factory=MTPConfig)
 
 
 def drafter_loss(drafter: BlockDrafter, backbone: MiMoForCausalLM, x: torch.Tensor, generator: torch.Generator,
@@ -103,11 +116,66 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
     Returns ``{"drafter", "log": {"step", "loss", "acc"}}``. With ``out_dir``, checkpoints go to
     ``out_dir/drafter.pt`` and an existing checkpoint there is resumed.
     """
+    torch.manual_seed(cfg.seed)
+    drafter = drafter or BlockDrafter(cfg.drafter, backbone.config)
+    return _train(drafter, lambda m, bb, x, g: drafter_loss(m, bb, x, g, cfg.anchors_per_seq, cfg.distill),
+                  backbone, tokens, cfg, out_dir, "drafter")
+
+
+def mtp_loss(mtp: MTPDrafter, backbone: MiMoForCausalLM, x: torch.Tensor, generator: torch.Generator,
+             anchors_per_seq: int = 8, distill: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's weighted loss for the MTP chain on sequences x [N, T] → (loss, per-depth agreement [k]).
+
+    Anchors P as at inference: depth 0 reads h_{P−1} and x_P, depth j the state of depth j − 1 and x_{P+j} (the
+    text: a draft is kept only when it is the text the backbone would write), each depth sees the committed
+    entries t ≤ P − 2 and the depths before it. Depth j predicts x_{P+j+1}, weight exp(−j/γ).
+    """
+    cfg = mtp.config
+    N, T = x.shape
+    K = cfg.block_size - 1
+    if T < K + 2:
+        raise ValueError(f"sequences of {T} tokens are too short for {K} MTP depths")
+    with torch.no_grad():
+        out = backbone(x)
+        h = out.last_hidden_state  # [N, T, H]
+    kv = mtp.entries(backbone, h[:, :-1], x[:, 1:], torch.arange(1, T, device=x.device))  # entries t = 0 … T − 2
+    M = min(T - K - 1, anchors_per_seq)
+    P = torch.randint(1, T - K, (N, M), generator=generator).to(x.device).reshape(-1)  # P + K ≤ T − 1
+    rows = torch.arange(N, device=x.device).repeat_interleave(M)
+    ctx = [(k[rows], v[rows]) for k, v in kv]
+    allowed = torch.arange(T - 1, device=x.device)[None, :] < (P - 1)[:, None]  # [N·M, T − 1]: t ≤ P − 2
+    logits = torch.stack(mtp.chain(backbone, h[rows, P - 1][:, None], x[rows, P], P, ctx, allowed, K,
+                                   lambda j, _: x[rows, P + j + 1]), dim=1)  # [N·M, K, V]
+    j = torch.arange(K, device=x.device)
+    w = torch.exp(-j.float() / cfg.gamma)
+    logq = logits.float().log_softmax(-1)
+    if distill:  # the backbone's distribution for x_{P+j+1} given the text up to P + j
+        p = out.logits[rows[:, None], P[:, None] + j[None, :]].float().softmax(-1)
+        ce = -(p * logq).sum(-1)
+        target = p.argmax(-1)
+    else:
+        target = x[rows[:, None], P[:, None] + j[None, :] + 1]
+        ce = -logq.gather(-1, target[..., None])[..., 0]
+    loss = (ce.mean(0) * w).sum() / w.sum()
+    return loss, (logits.argmax(-1) == target).float().mean(0)
+
+
+def train_mtp(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: MTPTrainConfig,
+              out_dir: str | Path | None = None, mtp: MTPDrafter | None = None) -> dict:
+    """Train (or continue training) an MTP module like :func:`train_drafter`: same data, loss weighting and
+    checkpoints (``out_dir/drafter.pt``). Returns ``{"drafter", "log"}``."""
+    torch.manual_seed(cfg.seed)
+    mtp = mtp or MTPDrafter(cfg.mtp, backbone.config)
+    return _train(mtp, lambda m, bb, x, g: mtp_loss(m, bb, x, g, cfg.anchors_per_seq, cfg.distill),
+                  backbone, tokens, cfg, out_dir, "mtp")
+
+
+def _train(drafter: torch.nn.Module, loss_fn, backbone: MiMoForCausalLM, tokens: torch.Tensor,
+           cfg: DraftTrainKnobs, out_dir: str | Path | None, desc: str) -> dict:
+    """The shared loop: ``loss_fn(drafter, backbone, x [N, T], generator)`` → (loss, per-position agreement)."""
     backbone.eval()
     for p in backbone.parameters():
         p.requires_grad_(False)
-    torch.manual_seed(cfg.seed)
-    drafter = drafter or BlockDrafter(cfg.drafter, backbone.config)
     gen = torch.Generator().manual_seed(cfg.seed)
     pool = _self_generated_pool(backbone, tokens, cfg)
     device = resolve_device(cfg.device)
@@ -124,21 +192,21 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
         theirs, ours = dict(state["config"], **free), dict(cfg.to_dict(), **free)
         if theirs != ours:  # a longer run may continue a shorter one; anything else is another experiment
             diff = cfg.diff(type(cfg).from_dict(state["config"]))
-            raise ValueError(f"train_drafter: {ckpt} was written by a different config ({diff}); use another "
+            raise ValueError(f"train_{desc}: {ckpt} was written by a different config ({diff}); use another "
                              "out_dir")
         drafter.load_state_dict(state["drafter"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         log, start = state["log"], state["step"]
     n_self = round(cfg.batch * cfg.self_generated_share) if len(pool) else 0
-    for step in tqdm(range(start + 1, cfg.steps + 1), desc="drafter", leave=False, initial=start,
+    for step in tqdm(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
                      total=cfg.steps):
         starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
         x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
                         [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
         drafter.train()
         with autocast(device, dtype):
-            loss, acc = drafter_loss(drafter, backbone, x.to(device), gen, cfg.anchors_per_seq, cfg.distill)
+            loss, acc = loss_fn(drafter, backbone, x.to(device), gen)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -155,7 +223,7 @@ def train_drafter(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterT
     return {"drafter": drafter, "log": log}
 
 
-def _self_generated_pool(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DrafterTrainConfig) -> torch.Tensor:
+def _self_generated_pool(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DraftTrainKnobs) -> torch.Tensor:
     """Sequences [n, seq_len]: corpus prompts continued by the backbone itself (deterministic for a seed)."""
     if cfg.self_generated == 0 or cfg.self_generated_share == 0:
         return torch.empty(0, cfg.seq_len, dtype=torch.long)
