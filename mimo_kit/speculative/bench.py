@@ -201,7 +201,8 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
             if say:
                 say(f"{name}, temperature {T}")
             rows.append(measure(backbone, drafter, prompts, new_tokens, T, cfg.seed, cfg.rounds, say))
-    return {"rows": rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone, "costs": costs}
+    return {"rows": rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone, "costs": costs,
+            "drafters": drafters}
 
 
 def markdown(rows: list[dict]) -> str:
