@@ -16,7 +16,8 @@ batch of rows of *different* lengths (a GRPO group, or several groups with diffe
 - The **sink** (Report §2, attention sinks) is a key slot that never changes: k = 0 and v = 0, so its score is
   the bias alone, which holds the head's sink logit. softmax over ``[scores, sink]`` without a concatenation.
 - Experts: for a handful of rows the k chosen experts' weights are gathered and multiplied with ``bmm``
-  (no per-expert Python loop, no host sync); for a batch the sorted-token grouped product of
+  (no per-expert Python loop, no host sync; eager CPU instead multiplies by each chosen expert in place, where a
+  host read is free and a gather would copy the weights); for a batch the sorted-token grouped product of
   :class:`~mimo_kit.model.moe.Experts`.
 
 Nothing in :func:`decode_logits` reads a tensor on the host (no ``.item()``, ``.tolist()``, data-dependent
@@ -181,6 +182,15 @@ def _moe(m: MiMoMoE, x: torch.Tensor) -> torch.Tensor:
     ex = m.experts
     if N * k > GATHER_MAX_PAIRS:
         return ex(x, idx, w)
+    if x.device.type == "cpu" and not torch.compiler.is_compiling():
+        # eager CPU: a host read costs nothing here, and multiplying by each chosen expert's weights in place reads
+        # them once, where a gather would copy them first
+        out = torch.zeros_like(x)
+        for n, row in enumerate(idx.tolist()):
+            for j, e in enumerate(row):
+                gate, up = F.linear(x[n], ex.gate_up_proj[e]).chunk(2)  # [I] each
+                out[n] += w[n, j].to(x.dtype) * F.linear(F.silu(gate) * up, ex.down_proj[e])
+        return out
     flat = idx.reshape(-1)
     gu = ex.gate_up_proj[flat]  # [N·k, 2I, H]: the chosen experts only
     xr = x.repeat_interleave(k, dim=0)[:, :, None].to(gu.dtype)  # [N·k, H, 1]
