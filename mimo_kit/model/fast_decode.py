@@ -154,7 +154,9 @@ def _rope_tables(model: MiMoForCausalLM, cache: StaticKVCache) -> dict[str, tupl
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rope on the first r dims of x [B, heads, D]; cos/sin [B, 1, r/2]. x₁' = x₁c − x₂s, x₂' = x₂c + x₁s."""
+    """Rotate-half rope on the first r dims of x [B, heads, D]; cos/sin [B, 1, r/2].
+
+    x₁' = x₁c − x₂s, x₂' = x₂c + x₁s."""
     h = cos.shape[-1]
     x1, x2, rest = x[..., :h], x[..., h : 2 * h], x[..., 2 * h :]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest), dim=-1)
