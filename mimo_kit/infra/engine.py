@@ -119,8 +119,8 @@ class InProcessEngine:
     Requests with the same sampling settings share one batch (a GRPO group is one batch: its rollouts share the
     prompt, prefilled once). The kit decoder decodes rows of different prompt lengths together on
     :mod:`mimo_kit.model.fast_decode`; requests that capture routing (R3) and transformers models keep the general
-    forward, batched by equal prompt length. ``seed`` fixes the sampling stream; :meth:`rng_state` / :meth:`set_rng_state`
-    carry it across a checkpoint so a resumed run draws the same tokens.
+    forward, batched by equal prompt length. ``seed`` fixes the sampling stream; :meth:`rng_state` /
+    :meth:`set_rng_state` carry it across a checkpoint so a resumed run draws the same tokens.
     """
 
     def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0):
@@ -200,8 +200,8 @@ class InProcessEngine:
             if not isinstance(r, GenerationRequest):
                 raise TypeError(f"generate: request {i} is a {type(r).__name__}, expected GenerationRequest")
             ragged = self.is_kit and not r.return_routed_experts  # fast path: rows of any prompt length
-            key = (None if ragged else len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k, tuple(r.stop_token_ids),
-                   r.return_routed_experts, r.return_candidates)
+            key = (None if ragged else len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k,
+                   tuple(r.stop_token_ids), r.return_routed_experts, r.return_candidates)
             groups.setdefault(key, []).append(i)
         for idx in groups.values():
             if self._abort.is_set():  # cut before it started: no tokens, resumable like any aborted request
