@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from mimo_kit.model.cache import KVCache
 from mimo_kit.model.config import FULL, SLIDING, MiMoConfig
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.model.generate import Generation, sample_next
+from mimo_kit.model.generate import Generation, sampling_loop
 from mimo_kit.model.moe import MiMoMoE
 
 #: At most this many (token, expert) pairs take the gather + bmm expert path; above it the sorted grouped product
@@ -281,25 +281,6 @@ def fast_generate(model: MiMoForCausalLM, prompts: Sequence[Sequence[int]] | tor
     max_len = max(len(p) for p in prompts) + max_new_tokens
     cache = StaticKVCache(model.config, B, max_len, dtype=next(model.parameters()).dtype, device=device)
     logits = cache.prefill(model, prompts)
-    tokens, logps = [], []
-    cands: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    lengths, reasons = [max_new_tokens] * B, ["length"] * B
-    for step in range(max_new_tokens):
-        tok, logp, kept = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
-        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-        tokens.append(tok)
-        logps.append(torch.where(done, torch.zeros_like(logp), logp))
-        if return_candidates:
-            for b in range(B):
-                if not done[b]:
-                    cands[b].append(kept[b].nonzero()[:, 0])
-        if eos_token_id is not None:
-            for b in (tok == eos_token_id).logical_and(~done).nonzero()[:, 0].tolist():
-                lengths[b], reasons[b] = step + 1, "stop"
-            done |= tok == eos_token_id
-        if bool(done.all()) or step == max_new_tokens - 1:
-            break
-        logits = decode_step(model, tok, cache)
-    return Generation(torch.stack(tokens, 1), torch.stack(logps, 1), reasons, lengths,
-                      cands if return_candidates else None)
+    return sampling_loop(logits, lambda tok: decode_step(model, tok, cache), max_new_tokens, temperature=temperature,
+                         top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, pad_id=pad_id,
+                         return_candidates=return_candidates, generator=generator)

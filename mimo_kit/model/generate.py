@@ -10,6 +10,7 @@ Per generated token the kit keeps (docs/design.md "token-in/token-out", Report Â
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -64,15 +65,27 @@ def generate(model: MiMoForCausalLM, input_ids: torch.Tensor, max_new_tokens: in
              top_k: int = 0, top_p: float = 1.0, eos_token_id: int | None = None, pad_id: int = 0,
              return_candidates: bool = False, generator: torch.Generator | None = None) -> Generation:
     """Prefill ``input_ids`` [B, T] once, then decode token by token with the cache."""
-    B = input_ids.shape[0]
     cache = model.new_cache()
     logits = model(input_ids, cache, logits_to_keep=1).logits[:, -1]
+    return sampling_loop(logits, lambda tok: model(tok[:, None], cache).logits[:, -1], max_new_tokens,
+                         temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, pad_id=pad_id,
+                         return_candidates=return_candidates, generator=generator)
+
+
+def sampling_loop(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], max_new_tokens: int, *,
+                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_token_id: int | None = None,
+                  pad_id: int = 0, return_candidates: bool = False,
+                  generator: torch.Generator | None = None) -> Generation:
+    """Sample from the prefill's last logits [B, V], then ``step(tokens [B]) â†’ logits [B, V]`` per new token.
+
+    Rows that stopped are fed ``pad_id`` and record logprob 0."""
+    B = logits.shape[0]
     tokens, logps = [], []
     cands: list[list[torch.Tensor]] = [[] for _ in range(B)]
-    done = torch.zeros(B, dtype=torch.bool)
+    done = torch.zeros(B, dtype=torch.bool, device=logits.device)
     lengths = [max_new_tokens] * B
     reasons = ["length"] * B
-    for step in range(max_new_tokens):
+    for i in range(max_new_tokens):
         tok, logp, kept = sample_next(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                       generator=generator)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
@@ -84,10 +97,10 @@ def generate(model: MiMoForCausalLM, input_ids: torch.Tensor, max_new_tokens: in
                     cands[b].append(kept[b].nonzero()[:, 0])
         if eos_token_id is not None:
             for b in (tok == eos_token_id).logical_and(~done).nonzero()[:, 0].tolist():
-                lengths[b], reasons[b] = step + 1, "stop"
+                lengths[b], reasons[b] = i + 1, "stop"
             done |= tok == eos_token_id
-        if bool(done.all()) or step == max_new_tokens - 1:
+        if bool(done.all()) or i == max_new_tokens - 1:
             break
-        logits = model(tok[:, None], cache).logits[:, -1]
+        logits = step(tok)
     return Generation(torch.stack(tokens, 1), torch.stack(logps, 1), reasons, lengths,
                       cands if return_candidates else None)

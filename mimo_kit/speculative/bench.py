@@ -173,16 +173,24 @@ def mtp_train_config(cfg: SpecBenchConfig, block: int) -> MTPTrainConfig:
                                                       "num_layers": cfg.mtp_layers}})
 
 
+def held_out_prompts(cfg: SpecBenchConfig, streams: dict[str, torch.Tensor],
+                     g: torch.Generator | None = None) -> tuple[torch.Tensor, int]:
+    """``cfg.prompts`` prompts [n, prompt_len] from held-out text, and the tokens to generate per prompt.
+
+    Drawn with ``g`` (default: a generator seeded with ``cfg.seed``); a caller that goes on drawing passes its own."""
+    val = streams["val"].long()
+    g = g or torch.Generator().manual_seed(cfg.seed)
+    starts = torch.randint(0, len(val) - cfg.prompt_len, (cfg.prompts,), generator=g)
+    prompts = torch.stack([val[s : s + cfg.prompt_len] for s in starts.tolist()])
+    return prompts, min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
+
+
 def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     """Train one block drafter per block size and one MTP module per MTP budget on the pre-trained backbone, then
     measure each at each temperature (plain and speculative alternated, ``rounds`` times)."""
     say = (lambda msg: print(f"[bench-spec] {msg}", flush=True)) if progress else None
     backbone, _, streams = backbone_and_streams(cfg)
-    val = streams["val"].long()
-    g = torch.Generator().manual_seed(cfg.seed)
-    starts = torch.randint(0, len(val) - cfg.prompt_len, (cfg.prompts,), generator=g)
-    prompts = torch.stack([val[s : s + cfg.prompt_len] for s in starts.tolist()])
-    new_tokens = min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
+    prompts, new_tokens = held_out_prompts(cfg, streams)
     quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
     drafters, logs, mtp_logs = {}, {}, {}
     for B in cfg.block_sizes:
@@ -242,11 +250,8 @@ def run_drafter_refresh(cfg: DrafterRefreshConfig) -> dict:
     bench = cfg.bench.override({"quick": cfg.quick})
     backbone, _, streams = backbone_and_streams(bench)
     train = streams["train"].long()
-    val = streams["val"].long()
-    g = torch.Generator().manual_seed(bench.seed)
-    starts = torch.randint(0, len(val) - bench.prompt_len, (bench.prompts,), generator=g)
-    prompts = torch.stack([val[s : s + bench.prompt_len] for s in starts.tolist()])
-    new_tokens = min(bench.new_tokens, 24) if cfg.quick else bench.new_tokens
+    g = torch.Generator().manual_seed(bench.seed)  # prompts first, then the policy update's batches
+    prompts, new_tokens = held_out_prompts(bench, streams, g)
     quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
     dcfg = bench.train.override({"drafter.block_size": cfg.block, **quick})
     old = train_drafter(backbone, train, dcfg, out_dir=f"{run_dir(bench)}/drafter-B{cfg.block}")["drafter"]
