@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -293,6 +294,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
+
+
+def run_target(command: str) -> tuple[str, dict]:
+    """The experiment and the full config a ``mimo-kit run ...`` line would run: two lines that run the same job
+    (quoting, key order, an omitted ``--preset tiny``, a key set to its preset value) give equal results."""
+    from mimo_kit import experiments
+
+    words = shlex.split(command)
+    if words[:1] == ["mimo-kit"]:
+        words = words[1:]
+    if words[:1] != ["run"]:
+        raise ValueError(f"run_target: expected a `mimo-kit run EXPERIMENT ...` line, got {command!r}")
+    args = parse_args(words)
+    if args.config:
+        raise ValueError("run_target: a --config line depends on its YAML file; give the key=value form")
+    cfg_cls = experiments.get(args.experiment).config_cls
+    return args.experiment, cfg_cls.preset(args.preset).override(args.overrides).to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

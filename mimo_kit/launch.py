@@ -53,24 +53,6 @@ def shell_command(experiment: str, cfg: Config, preset: str = "tiny") -> str:
     return shlex.join(["mimo-kit", "run", experiment, "--preset", preset, *args])
 
 
-def run_target(command: str) -> tuple[str, dict]:
-    """The experiment and the full config a ``mimo-kit run ...`` line would run: two lines that run the same job
-    (quoting, key order, an omitted ``--preset tiny``, a key set to its preset value) give equal results."""
-    from mimo_kit import experiments
-    from mimo_kit.cli import parse_args
-
-    words = shlex.split(command)
-    if words[:1] == ["mimo-kit"]:
-        words = words[1:]
-    if words[:1] != ["run"]:
-        raise ValueError(f"run_target: expected a `mimo-kit run EXPERIMENT ...` line, got {command!r}")
-    args = parse_args(words)
-    if args.config:
-        raise ValueError("run_target: a --config line depends on its YAML file; give the key=value form")
-    cfg_cls = experiments.get(args.experiment).config_cls
-    return args.experiment, cfg_cls.preset(args.preset).override(args.overrides).to_dict()
-
-
 def _check_shape(nnodes: int, nproc_per_node: int) -> None:
     if nproc_per_node < 1 or nnodes < 1:
         raise ConfigError(f"launch: nproc_per_node={nproc_per_node}, nnodes={nnodes}; expected >= 1")

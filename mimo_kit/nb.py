@@ -84,6 +84,47 @@ def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
     print(text)
 
 
+def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "experiment", report: str = "",
+          measured: str = "", seeds: int = 0, agree: str = "", why: str = "", toy_limited: bool = False):
+    """Display one claim of the report as this chapter tested it (chapter 8 collects these records)."""
+    from mimo_kit.claims import Claim, verdict_of
+
+    c = Claim(chapter=chapter, claim=claim, section=section, kind=kind, report=report, measured=measured,
+              seeds=seeds, agree=agree, why=why, verdict=verdict_of(holds, toy_limited=toy_limited))
+    _show_claims([c])
+    return c
+
+
+def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:
+    """Display a set of checks (properties or exact numbers of the report) as claims, then assert they all hold."""
+    from mimo_kit.claims import Claim, verdict_of
+
+    _show_claims([Claim(chapter=chapter, claim=k, section=section, kind=kind, verdict=verdict_of(bool(v)),
+                        measured="holds" if v else "fails") for k, v in checks.items()])
+    assert all(checks.values()), {k: v for k, v in checks.items() if not v}
+
+
+def _show_claims(claims: list) -> None:
+    """The claims as a readable table, with the machine-readable records under ``claims.MIME`` beside it."""
+    from mimo_kit.claims import MIME
+
+    rows = [{"claim": c.claim, "kind": c.kind, **({"report": c.report} if c.report else {}),
+             **({"kit": c.measured} if c.kind != "check" else {}),
+             **({"seeds": c.agree or c.seeds} if c.seeds else {}), "verdict": c.verdict} for c in claims]
+    text = markdown_table(rows)
+    record = {"claims": [dataclasses.asdict(c) for c in claims]}
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+
+        if get_ipython() is not None:
+            display({"text/markdown": text, "text/plain": text, MIME: record}, raw=True)
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
 def check(answer, expected, label: str = "answer", tol: float | None = None) -> bool | None:
     """Compare an exercise answer with the kit's reference; print ✓ / ✗ (never raises, so notebooks run through).
 

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from mimo_kit import experiments, launch
-from mimo_kit.cli import main
+from mimo_kit.cli import main, run_target
 from mimo_kit.config import ConfigError
 from mimo_kit.config.base import parse_assignments
 from mimo_kit.intro.experiments import ScaleKnobsConfig
@@ -55,15 +55,15 @@ def test_shell_command_round_trips_the_config():
 
 def test_run_target_reads_equivalent_lines_alike():
     """Quoting, option spelling and an omitted default preset do not change the job; a value does."""
-    ref = launch.run_target(launch.shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",))))
+    ref = run_target(launch.shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",))))
     same = ["mimo-kit run scale-knobs names=[pro]", "run scale-knobs --preset tiny 'names=[pro]'",
             "mimo-kit run scale-knobs --preset=tiny names=[pro]"]
-    assert all(launch.run_target(c) == ref for c in same)
-    assert launch.run_target("mimo-kit run scale-knobs names=[tiny,pro]") != ref
+    assert all(run_target(c) == ref for c in same)
+    assert run_target("mimo-kit run scale-knobs names=[tiny,pro]") != ref
     with pytest.raises(ValueError, match="mimo-kit run"):
-        launch.run_target("python -m mimo_kit run scale-knobs")
+        run_target("python -m mimo_kit run scale-knobs")
     with pytest.raises(ConfigError, match="names"):
-        launch.run_target("mimo-kit run scale-knobs names=pro")
+        run_target("mimo-kit run scale-knobs names=pro")
 
 
 def test_torchrun_command():

@@ -163,4 +163,13 @@ def solution(n: int):
         group = demo_group(next(t for t in shipped_tasks() if t.id == "stats-median"))
         rubric = synthesize_rubric(group)
         return round(rubric.reward(next(r for r in group.rollouts if r.id == "sprawl")), 3)
-    raise ValueError(f"chapter 4b has exercises 1-3, not {n!r}")
+    if n == 4:  # the rubric items (ids) that the `sprawl` rollout fails, sorted
+        from mimo_kit.envs.code import shipped_tasks
+        from mimo_kit.grading import synthesize_rubric
+        from mimo_kit.grading.demo import demo_group
+
+        group = demo_group(next(t for t in shipped_tasks() if t.id == "stats-median"))
+        rubric = synthesize_rubric(group)
+        sprawl = next(r for r in group.rollouts if r.id == "sprawl")
+        return sorted(i.id for i in rubric.solution + rubric.behaviour if not i.check(sprawl))
+    raise ValueError(f"chapter 4b has exercises 1-4, not {n!r}")
