@@ -94,3 +94,100 @@ def test_exact_resume_after_sigkill(tmp_path):
     clean = run_pretrain(small(tmp_path / "clean", steps=10, checkpoint_every=2), progress=False)
     # bit for bit across processes: the child runs on the session's thread count too (the same kernel blocking)
     assert resumed.log["loss"] == clean.log["loss"] and resumed.log["val_loss"] == clean.log["val_loss"]
+
+
+# ---- chapter 3's studies: seeds, spread, warm-up-free wall-clock (Report §3) ---------------------------------------
+STUDY = {"steps": 6, "batch": 2, "seq_len": 32, "eval_every": 3, "corpus_bytes": CORPUS}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_mean_sd_pm_and_agreement_match_the_definitions(seed):
+    import random
+    import statistics
+
+    from mimo_kit.pretrain.studies import agreement, mean_sd, pm
+
+    rng = random.Random(seed)
+    xs = [rng.gauss(4.0, 0.3) for _ in range(rng.randint(2, 7))]
+    m, s = mean_sd(xs)
+    assert m == pytest.approx(statistics.fmean(xs)) and s == pytest.approx(statistics.stdev(xs))
+    assert pm(xs) == f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}"
+    assert mean_sd([2.5]) == (2.5, 0.0)
+    flags = [rng.random() < 0.5 for _ in xs]
+    assert agreement(flags) == f"{sum(flags)} of {len(xs)}"
+    with pytest.raises(ValueError, match="no values"):
+        mean_sd([])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_wall_clock_drops_the_warm_up_steps(seed):
+    import numpy as np
+
+    from mimo_kit.pretrain.studies import wall_clock
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 30))
+    step_time = rng.uniform(0.01, 0.2, n)
+    step_time[:3] += 5.0  # a slow first-call warm-up
+    log = {"seconds": np.cumsum(step_time).tolist(), "loss": rng.uniform(3, 6, n).tolist()}
+    k = int(rng.integers(1, n))
+    x, y = wall_clock(log, k)
+    assert x[0] == 0.0 and len(x) == len(y) == n - k + 1
+    assert np.allclose(np.diff(x), step_time[k:]) and np.allclose(y, log["loss"][k - 1 :])
+    x0, _ = wall_clock(log, 0)
+    assert np.allclose(x0, log["seconds"])
+    with pytest.raises(ValueError, match=f"warmup_steps_excluded={n}"):
+        wall_clock(log, n)
+
+
+def test_seed_configs_and_bad_knobs_name_the_value():
+    from mimo_kit.config.base import ConfigError
+    from mimo_kit.pretrain.studies import CompareConfig, SwitchConfig, seed_configs
+
+    cfgs = seed_configs(PretrainConfig.preset("tiny", seed=7), 3)
+    assert [c.seed for c in cfgs] == [7, 8, 9]
+    with pytest.raises(ConfigError, match="seeds=0"):
+        seed_configs(PretrainConfig.preset("tiny"), 0)
+    with pytest.raises(ConfigError, match="warmup_steps_excluded: 6"):
+        CompareConfig.preset("tiny", pretrain=STUDY, warmup_steps_excluded=6)
+    with pytest.raises(ConfigError, match="seeds"):
+        SwitchConfig.preset("tiny", pretrain=STUDY, seeds=0)
+
+
+def test_compare_reports_every_seed_and_its_spread():
+    import numpy as np
+
+    from mimo_kit.pretrain.studies import CompareConfig, compare_optimizers, mean_sd, pm
+
+    cfg = CompareConfig.preset("tiny", pretrain=STUDY, optimizers=("adamw", "muown"), warmup_steps_excluded=2)
+    r = compare_optimizers(cfg, progress=False)
+    assert r["seeds"] == 3 and len(r["per_seed"]) == 6 and all(len(v) == 3 for v in r["logs"].values())
+    adamw = r["summary"]["adamw"]["val_loss"]
+    assert len(set(adamw)) == 3  # each seed draws its own weights and batches
+    for k, s in r["summary"].items():
+        row = next(x for x in r["rows"] if x["optimizer"] == k)
+        assert row["val loss @ equal steps"] == pm(s["val_loss"])
+        assert mean_sd(s["val_loss"])[1] > 0
+        for log, ms in zip(r["logs"][k], s["ms_per_step"]):  # time per step from the end of step 2
+            assert ms == pytest.approx(1000 * (log["seconds"][-1] - log["seconds"][1]) / 4)
+            assert log["val_loss"][-1] in s["val_loss"]
+    wins = sum(a <= b for a, b in zip(r["summary"]["muown"]["val_loss"], adamw))
+    assert r["agree"]["muown ≤ adamw (val loss @ equal steps)"] == f"{wins} of 3"
+    assert np.all(np.asarray(r["budget_seconds"]) > 0)
+
+
+def test_switch_and_qat_report_per_seed_numbers():
+    from mimo_kit.pretrain.studies import QATConfig, SwitchConfig, optimizer_switch, ptq_vs_qat
+
+    s = optimizer_switch(SwitchConfig.preset("tiny", pretrain=STUDY, switch_at=3, window=2,
+                                             branches=("adamw", "muown")), progress=False)
+    assert s["summary"]["adamw"]["excess"] == [0.0, 0.0, 0.0]  # the reference branch against itself
+    for a, m in zip(s["logs"]["adamw"], s["logs"]["muown"]):
+        assert a["loss"][:4] == m["loss"][:4]  # one trunk until the switch moves a loss
+    n_ok = sum(e < s["spike_threshold"] for e in s["summary"]["muown"]["excess"])
+    assert s["agree"][f"switch to muown: excess < {s['spike_threshold']}"] == f"{n_ok} of 3"
+    q = ptq_vs_qat(QATConfig.preset("tiny", pretrain=STUDY, qat_steps=2), progress=False)
+    for k in ("ptq", "qat"):
+        g = q["summary"][k]
+        assert g["gap"] == pytest.approx([b - a for a, b in zip(g["full"], g["mxfp4"])])
+    assert len(set(q["summary"]["ptq"]["full"])) == 3
