@@ -321,3 +321,32 @@ def test_attention_maps_match_the_model_and_sum_to_one():
     with torch.no_grad():
         model(tokens(1, 16), cache)  # GA capacity starts at 16
     assert cache.nbytes() == kv_cache_bytes(cfg, 16, bytes_per_value=4)["total"]
+
+
+# ---- hybrid vs all-GA over seeds (chapter 2's experiment) ----------------------------------------------------
+def test_hybrid_seeds_summarise_each_seeds_twins_and_reject_bad_counts():
+    from mimo_kit.model.experiments import HybridSeedsConfig, run_hybrid_seeds, seed_summary
+
+    cfg = HybridSeedsConfig.preset("tiny", steps=2, batch=2, seq_len=32, eval_every=1, corpus_bytes=20_000,
+                                   seeds=3, seed=5)
+    out = run_hybrid_seeds(cfg)
+    assert out["seeds"] == [5, 6, 7] and len(out["runs"]) == 3
+    finals = {n: [r[n]["val_loss"][-1] for r in out["runs"]] for n in ("hybrid", "all-GA")}
+    assert len(set(finals["hybrid"])) == 3  # each seed changes the init and the data order
+    for n, vals in finals.items():
+        s = out["summary"][n]["val_loss"]
+        assert s["values"] == vals and s["min"] <= s["mean"] <= s["max"]
+        assert s["sd"] == pytest.approx(torch.tensor(vals).std(unbiased=True).item(), rel=1e-6)
+    gaps = [h - a for h, a in zip(finals["hybrid"], finals["all-GA"])]
+    assert out["gap"]["values"] == pytest.approx(gaps)
+    assert out["within_margin"] == sum(g <= cfg.margin for g in gaps)
+    # one seed's twins are the single run of that seed
+    from mimo_kit.model.hybrid import run_hybrid_vs_global
+
+    single = run_hybrid_vs_global(cfg.override({"seed": 6}))
+    assert single["hybrid"]["val_loss"] == out["runs"][1]["hybrid"]["val_loss"]
+    assert seed_summary([2.0])["sd"] == 0.0
+    with pytest.raises(ValueError, match="no values"):
+        seed_summary([])
+    with pytest.raises(ConfigError, match="seeds"):
+        HybridSeedsConfig.preset("tiny", seeds=0)

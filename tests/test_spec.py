@@ -231,3 +231,25 @@ def test_measure_alternates_rounds_and_reports_medians_with_their_range():
     cfg = SpecBenchConfig.preset("pays")
     m = mtp_train_config(cfg, 6)
     assert (m.mtp.block_size, m.steps, m.lr, m.mtp.gamma) == (6, cfg.mtp_steps, cfg.train.lr, cfg.train.drafter.gamma)
+
+
+def test_throughput_ratios_pair_two_drafters_round_by_round_and_markdown_shows_the_seed_spread():
+    from mimo_kit.speculative.bench import markdown, throughput_ratios
+
+    g = torch.Generator().manual_seed(7)
+    seed_rows = []
+    for name in ("block B=6", "block B=8"):
+        for seed in range(3):
+            for T in (0.0, 0.7):
+                seed_rows.append({"name": name, "seed": seed, "temperature": T,
+                                  "spec_tok_s_rounds": (100 + 50 * torch.rand(2, generator=g)).tolist()})
+    ratios = throughput_ratios(seed_rows, "block B=6", "block B=8", 0.7)
+    pick = {(r["name"], r["seed"]): r["spec_tok_s_rounds"] for r in seed_rows if r["temperature"] == 0.7}
+    expected = [a / b for s in range(3) for a, b in zip(pick[("block B=6", s)], pick[("block B=8", s)])]
+    assert ratios == pytest.approx(expected) and len(ratios) == 6
+    with pytest.raises(ValueError, match="block B=4"):
+        throughput_ratios(seed_rows, "block B=4", "block B=8", 0.7)
+    row = {"drafter": "block", "block": 6, "temperature": 0.0, "seeds": 3, "accepted_length": 1.5,
+           "accepted_length_sd": 0.25, "plain_tok_s": 100.0, "spec_tok_s": 90.0, "speedup": 0.9,
+           "speedup_range": (0.8, 1.0)}
+    assert "| 3 | 1.50 ± 0.25 |" in markdown([row]) and "0.90 (0.80–1.00)×" in markdown([row])

@@ -46,16 +46,22 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = <repo>/runs/ch02b, "
                                      "shared by the notebook and the command line")
     seed: int = knob(0, "prompts and sampling", min=0)
-    rounds: int = knob(1, "alternated plain/speculative timing rounds; medians and spreads over them", min=1)
+    rounds: int = knob(1, "alternated plain/speculative timing rounds per drafter seed; medians and spreads over "
+                          "seeds × rounds", min=1)
+    seeds: int = knob(3, "drafter seeds (init, data order, anchors: train.seed, train.seed + 1, …) per setting; "
+                         "accepted lengths are mean ± sd over them", min=1)
 
     PRESETS = {
-        "tiny": {},
+        # The report's two block sizes (8 by default, 6 in RL serving) and the MTP drafter at block 6, 3 seeds each:
+        # ~8 minutes of training on one CPU core (a block drafter ~45 s, an MTP module ~75 s, the backbone ~80 s).
+        "tiny": {"block_sizes": (6, 8), "mtp_block_sizes": (6,)},
         "small": {"backbone_steps": 2000, "new_tokens": 192},
         # A shape where drafting can pay: an 8-layer backbone step against a 1-layer drafter (see BACKBONE_SHAPES).
         # Budgets on one CPU core: backbone ~11 min, each drafter ≤ 4 min.
         "pays": {"backbone_shape": "pays", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
                  "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
-                 "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512},
+                 "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512,
+                 "seeds": 1},  # a timing benchmark of one drafter per setting (benchmarks/bench_spec.py)
     }
 
     def check(self) -> None:
@@ -185,45 +191,108 @@ def held_out_prompts(cfg: SpecBenchConfig, streams: dict[str, torch.Tensor],
     return prompts, min(cfg.new_tokens, 24) if cfg.quick else cfg.new_tokens
 
 
+def drafter_dir(cfg: SpecBenchConfig, kind: str, block: int, seed_offset: int = 0) -> str:
+    """Checkpoint folder of one drafter: ``drafter-B6`` / ``mtp-B6`` for the first seed, ``…-s1``, ``…-s2`` after."""
+    return f"{run_dir(cfg)}/{kind}-B{block}" + (f"-s{seed_offset}" if seed_offset else "")
+
+
+def _spread(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "median": statistics.median(values), "range": (min(values), max(values)), "values": list(values)}
+
+
 def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
-    """Train one block drafter per block size and one MTP module per MTP budget on the pre-trained backbone, then
-    measure each at each temperature (plain and speculative alternated, ``rounds`` times)."""
+    """Train ``seeds`` block drafters per block size and ``seeds`` MTP modules per MTP budget on the pre-trained
+    backbone, then measure each at each temperature (Report §2, §6).
+
+    For every drafter seed, temperature and round, every drafter decodes the same prompts in turn (each time
+    alternating plain and speculative decoding, :func:`measure`), so the drafters of one round share the
+    machine's state: ``rows`` give the accepted length as mean ± sd over seeds and tok/s and speedup as median
+    and min–max over seeds × rounds; ``seed_rows`` keep each seed's measurement, and :func:`throughput_ratios`
+    pairs two drafters round by round."""
     say = (lambda msg: print(f"[bench-spec] {msg}", flush=True)) if progress else None
     backbone, _, streams = backbone_and_streams(cfg)
     prompts, new_tokens = held_out_prompts(cfg, streams)
     quick = {"steps": 20, "self_generated": 8} if cfg.quick else {}
-    drafters, logs, mtp_logs = {}, {}, {}
-    for B in cfg.block_sizes:
-        trained = train_drafter(backbone, streams["train"].long(),
-                                cfg.train.override({"drafter.block_size": B, **quick}),
-                                out_dir=f"{run_dir(cfg)}/drafter-B{B}")
-        drafters[f"block B={B}"], logs[B] = trained["drafter"], trained["log"]
-    for B in cfg.mtp_block_sizes:
-        trained = train_mtp(backbone, streams["train"].long(), mtp_train_config(cfg, B).override(quick),
-                            out_dir=f"{run_dir(cfg)}/mtp-B{B}")
-        drafters[f"MTP B={B}"], mtp_logs[B] = trained["drafter"], trained["log"]
-    costs = step_costs(backbone, drafters, prompts[0], tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
-    rows = []
-    for name, drafter in drafters.items():
+    drafters: dict[str, list] = {}
+    logs: dict[int, list] = {}
+    mtp_logs: dict[int, list] = {}
+    for s in range(cfg.seeds):
+        seed = {"seed": cfg.train.seed + s}
+        for B in cfg.block_sizes:
+            trained = train_drafter(backbone, streams["train"].long(),
+                                    cfg.train.override({"drafter.block_size": B, **quick, **seed}),
+                                    out_dir=drafter_dir(cfg, "drafter", B, s))
+            drafters.setdefault(f"block B={B}", []).append(trained["drafter"])
+            logs.setdefault(B, []).append(trained["log"])
+        for B in cfg.mtp_block_sizes:
+            trained = train_mtp(backbone, streams["train"].long(),
+                                mtp_train_config(cfg, B).override({**quick, **seed}),
+                                out_dir=drafter_dir(cfg, "mtp", B, s))
+            drafters.setdefault(f"MTP B={B}", []).append(trained["drafter"])
+            mtp_logs.setdefault(B, []).append(trained["log"])
+    costs = step_costs(backbone, {k: v[0] for k, v in drafters.items()}, prompts[0],
+                       tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
+    per: dict[tuple[str, float, int], list[dict]] = {}
+    for s in range(cfg.seeds):
         for T in cfg.temperatures:
-            if say:
-                say(f"{name}, temperature {T}")
-            rows.append(measure(backbone, drafter, prompts, new_tokens, T, cfg.seed, cfg.rounds, say))
-    return {"rows": rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone, "costs": costs,
-            "drafters": drafters}
+            for r in range(cfg.rounds):
+                for name, seeded in drafters.items():
+                    if say:
+                        say(f"{name}, seed {s}, temperature {T}, round {r + 1}/{cfg.rounds}")
+                    per.setdefault((name, T, s), []).append(
+                        measure(backbone, seeded[s], prompts, new_tokens, T, cfg.seed, 1, say))
+    seed_rows = [{**ms[0], "name": name, "seed": cfg.train.seed + s,
+                  "spec_tok_s_rounds": [m["spec_tok_s"] for m in ms], "speedup_rounds": [m["speedup"] for m in ms],
+                  "plain_tok_s_rounds": [m["plain_tok_s"] for m in ms]} for (name, T, s), ms in per.items()]
+    rows = []
+    for name in drafters:
+        for T in cfg.temperatures:
+            mine = [r for r in seed_rows if r["name"] == name and r["temperature"] == T]
+            acc = _spread([r["accepted_length"] for r in mine])
+            timing = {k: _spread([v for r in mine for v in r[f"{k}_rounds"]])
+                      for k in ("plain_tok_s", "spec_tok_s", "speedup")}
+            K = len(mine[0]["acceptance_by_position"])
+            rows.append({"drafter": mine[0]["drafter"], "name": name, "block": mine[0]["block"], "temperature": T,
+                         "accepted_length": acc["mean"], "accepted_length_sd": acc["sd"],
+                         "accepted_length_range": acc["range"], "accepted_lengths": acc["values"],
+                         **{k: t["median"] for k, t in timing.items()},
+                         **{f"{k}_range": t["range"] for k, t in timing.items()},
+                         "seeds": len(mine), "rounds": cfg.rounds,
+                         "acceptance_by_position": [statistics.mean(r["acceptance_by_position"][k] for r in mine)
+                                                    for k in range(K)],
+                         "acceptance_by_position_by_seed": [r["acceptance_by_position"] for r in mine]})
+    return {"rows": rows, "seed_rows": seed_rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone,
+            "costs": costs, "drafters": {k: v[0] for k, v in drafters.items()}, "drafters_by_seed": drafters}
+
+
+def throughput_ratios(seed_rows: list[dict], a: str, b: str, temperature: float) -> list[float]:
+    """Speculative tok/s of drafter ``a`` over drafter ``b`` (names as ``"block B=6"``), one ratio per drafter
+    seed and round: the two decoded the same prompts back to back in that round. Unknown names raise."""
+    pick = {(r["name"], r["seed"]): r["spec_tok_s_rounds"] for r in seed_rows if r["temperature"] == temperature}
+    names = sorted({n for n, _ in pick})
+    for n in (a, b):
+        if n not in names:
+            raise ValueError(f"throughput_ratios: no drafter {n!r} at temperature {temperature}; measured: {names}")
+    seeds = sorted({s for _, s in pick})
+    return [x / y for s in seeds for x, y in zip(pick[(a, s)], pick[(b, s)])]
 
 
 def markdown(rows: list[dict]) -> str:
-    """Medians over the rounds, min–max in brackets."""
-    head = ("| drafter | block B | temperature | mean accepted length | plain tok/s | speculative tok/s | speedup |\n"
-            "|---|---|---|---|---|---|---|\n")
+    """Accepted length as mean ± sd over drafter seeds (one seed: the value); tok/s and speedup as the median over
+    seeds × rounds, min–max in brackets."""
+    head = ("| drafter | block B | temperature | seeds | mean accepted length | plain tok/s | speculative tok/s | "
+            "speedup |\n|---|---|---|---|---|---|---|---|\n")
 
     def rng(r, key, fmt):
         lo, hi = r.get(f"{key}_range", (r[key], r[key]))
         return f"{r[key]:{fmt}} ({lo:{fmt}}–{hi:{fmt}})"
 
+    def acc(r):
+        return f"{r['accepted_length']:.2f}" + (f" ± {r['accepted_length_sd']:.2f}" if r.get("seeds", 1) > 1 else "")
+
     return head + "\n".join(f"| {r.get('drafter', 'block')} | {r['block']} | {r['temperature']} | "
-                            f"{r['accepted_length']:.2f} | {rng(r, 'plain_tok_s', '.0f')} | "
+                            f"{r.get('seeds', 1)} | {acc(r)} | {rng(r, 'plain_tok_s', '.0f')} | "
                             f"{rng(r, 'spec_tok_s', '.0f')} | {rng(r, 'speedup', '.2f')}× |"
                             for r in rows) + "\n"
 
