@@ -1,13 +1,15 @@
 """The figures every chapter shares: one style, smoothed curves, bars, heatmaps, saved when headless.
 
 In JupyterLab figures show inline. When ``MIMO_KIT_FIG_DIR`` is set (``mimo-kit course`` sets it) or no display
-is present, :func:`finish` also writes each figure as a PNG there, named after the figure.
+is present, :func:`finish` also writes each figure as a PNG there, named after the figure. :func:`finish` also
+rotates x tick labels that would overlap (:func:`declutter_ticks`), and :func:`bars` wraps long category names.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import textwrap
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -140,6 +142,9 @@ def bars(values: Mapping[str, float], *, title: str = "", ylabel: str = "", anno
                          [max(ranges[k][1] - v, 0.0) for k, v in zip(names, vals)]])
     rects = ax.bar(names, vals, color=[PALETTE[i % len(PALETTE)] for i in range(len(names))], yerr=yerr,
                    capsize=4 if yerr is not None else 0, ecolor="#444444")
+    wrapped = [wrap_label(n) if isinstance(n, str) else n for n in names]
+    if wrapped != names:  # long category names: one tick per bar, the name on several lines
+        ax.set_xticks([r.get_x() + r.get_width() / 2 for r in rects], wrapped)
     if annotate:
         ax.bar_label(rects, labels=[f"{v:.3g}" for v in vals], fontsize=8)
     if logy:
@@ -147,6 +152,63 @@ def bars(values: Mapping[str, float], *, title: str = "", ylabel: str = "", anno
     ax.set(title=title, ylabel=ylabel)
     ax.grid(axis="x", visible=False)
     return ax
+
+
+#: Category names longer than this many characters are wrapped onto several lines by :func:`wrap_label`.
+WRAP_CHARS = 14
+
+#: The least angle (degrees) :func:`declutter_ticks` turns overlapping x tick labels by.
+TICK_ROTATION = 30
+
+
+def wrap_label(name: str, width: int = WRAP_CHARS) -> str:
+    """``name`` wrapped at word boundaries onto lines of at most ``width`` characters (a longer word stays whole)."""
+    if width < 1:
+        raise ValueError(f"wrap_label: width={width}; expected >= 1")
+    return textwrap.fill(str(name), width, break_long_words=False, break_on_hyphens=False) or str(name)
+
+
+def _overlapping(labels, renderer, pad: float = 2.0) -> bool:
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    return any(a.x1 + pad > b.x0 for a, b in zip(boxes, boxes[1:]))
+
+
+def rotation_needed(labels, renderer, *, least: float = TICK_ROTATION, gap: float = 1.3) -> float:
+    """The smallest angle (a multiple of 15°, at least ``least``, at most 90°) at which neighbouring labels,
+    turned about their tick, sit ``gap`` label heights apart: ``spacing · sin(angle) ≥ gap · height`` (a wrapped
+    label is as high as its lines)."""
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    centres = [(b.x0 + b.x1) / 2 for b in boxes]
+    spacing = min((b - a for a, b in zip(centres, centres[1:])), default=0.0)
+    height = max(t.get_fontsize() * t.figure.dpi / 72 * (t.get_text().count("\n") + 1) for t in labels)
+    if spacing <= 0:
+        return 90.0
+    angle = np.degrees(np.arcsin(min(1.0, gap * height / spacing)))
+    return float(min(90.0, max(least, 15.0 * np.ceil(angle / 15.0))))
+
+
+def declutter_ticks(ax, rotation: float | None = None, *, draw: bool = True) -> float:
+    """When any two of ``ax``'s x tick labels overlap as drawn, turn them all, right-aligned at their tick, by
+    ``rotation`` degrees (default: :func:`rotation_needed`, at least :data:`TICK_ROTATION`); return the angle
+    turned by, 0.0 when nothing overlapped. Labels already rotated by the caller are left alone. ``draw=False``
+    skips drawing the figure first (the caller just drew it)."""
+    fig = ax.figure
+    if draw:
+        fig.canvas.draw()
+    lo, hi = sorted(ax.get_xlim())
+    labels = [t for t in ax.get_xticklabels()
+              if t.get_visible() and t.get_text() and lo <= ax.xaxis.convert_units(t.get_position()[0]) <= hi]
+    if len(labels) < 2 or any(t.get_rotation() for t in labels):
+        return 0.0
+    renderer = fig.canvas.get_renderer()
+    if not _overlapping(labels, renderer):
+        return 0.0
+    angle = rotation_needed(labels, renderer) if rotation is None else float(rotation)
+    ax.tick_params(axis="x", labelrotation=angle)
+    for t in ax.get_xticklabels():
+        t.set_horizontalalignment("right")
+        t.set_rotation_mode("anchor")
+    return angle
 
 
 def heatmap(matrix, *, title: str = "", xlabel: str = "", ylabel: str = "", cmap: str = "viridis",
@@ -172,12 +234,16 @@ def fig_dir() -> Path | None:
 
 
 def finish(fig=None, name: str | None = None) -> Path | None:
-    """Lay out ``fig`` (default: the current figure) and save it as PNG when running headless.
+    """Lay out ``fig`` (default: the current figure), rotate overlapping x tick labels, and save it as PNG when
+    running headless.
 
     Returns the saved path, or None when only shown inline.
     """
     fig = fig or plt.gcf()
     fig.tight_layout()
+    fig.canvas.draw()
+    if any([declutter_ticks(ax, draw=False) for ax in fig.axes]):
+        fig.tight_layout()
     out = fig_dir()
     if out is None:
         return None

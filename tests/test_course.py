@@ -1,7 +1,14 @@
-import nbformat
+import re
 
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import nbformat
+import numpy as np
+import pytest
+
+from mimo_kit import viz
 from mimo_kit.cli import main
-from mimo_kit.course import run_course, source_hash
+from mimo_kit.course import QUICK_BANNER, ChapterRun, PageLinks, decorate, run_course, source_hash, write_index
 
 
 def _write(path, *sources):
@@ -27,7 +34,7 @@ def test_course_executes_chapters_and_writes_index(tmp_path):
     partial = nbformat.read(out / "ch02_fails.ipynb", as_version=4)
     assert partial.cells[1].outputs[0]["text"].strip() == "before" and partial.cells[3].outputs == []
     index = (out / "index.html").read_text()
-    for link in ("ch01_ok.html", "ch02_fails.html", "figures/ch01_ok-1.png", "ch01_ok.ipynb"):
+    for link in ("ch01_ok.html", "ch02_fails.html", "ch01_ok.ipynb", "committed/ch01_ok.html"):
         assert f'href="{link}"' in index
     assert "1 ok" in index and "failed" in index
     assert (out / "figures" / "ch01_ok-1.png").read_bytes()[:4] == b"\x89PNG"
@@ -47,3 +54,130 @@ def test_source_hash_changes_with_any_cell_source():
     b = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")])
     c = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x = 1")])
     assert len({source_hash(a), source_hash(b), source_hash(c)}) == 3
+
+
+def _chapter(path, body_heading, committed_text):
+    """A tiny chapter: a title, two headings, a cell that prints the mode; its committed output says
+    ``committed_text`` (as `make notebooks` would have left it)."""
+    v4 = nbformat.v4
+    code = v4.new_code_cell("import os; print('quick' if os.environ['MIMO_KIT_QUICK'] == '1' else 'full')")
+    code.outputs = [v4.new_output("stream", name="stdout", text=committed_text + "\n")]
+    nb = v4.new_notebook(cells=[v4.new_markdown_cell(f"# {path.stem} title\nintro"),
+                                v4.new_markdown_cell(f"## {body_heading}\ntext"), code,
+                                v4.new_markdown_cell("### Exercise: one & two")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+def _hrefs(page, cls):
+    """The hrefs of the nav block of class ``cls`` (top or bottom) in ``page``."""
+    block = re.search(rf'<nav class="mk-nav {cls}">(.*?)</nav>', page, re.S)
+    assert block, f"no {cls} nav"
+    return re.findall(r'<a href="([^"]+)">([^<]+)</a>', block.group(1))
+
+
+def test_course_pages_navigation_toc_and_quick_banner(tmp_path):
+    src = tmp_path / "nbs"
+    src.mkdir()
+    stems = ["ch01_a", "ch02_b", "ch03_c"]
+    for stem, heading in zip(stems, ["Masks (SWA)", "Loss & tokens", "Sinks"]):
+        _chapter(src / f"{stem}.ipynb", heading, f"committed full output of {stem}")
+    out = tmp_path / "course"
+    runs = run_course(out, directory=src, quick=True, timeout=120)
+    assert [r.ok for r in runs] == [True] * 3
+    for i, stem in enumerate(stems):
+        page = (out / f"{stem}.html").read_text()
+        expected = ([(f"{stems[i - 1]}.html", "← previous")] if i > 0 else []) + [("index.html", "index")]
+        expected += [(f"{stems[i + 1]}.html", "next →")] if i < 2 else []
+        for where in ("mk-nav-top", "mk-nav-bottom"):
+            assert _hrefs(page, where) == expected
+        first_cell, body_end = page.index('class="jp-Cell '), page.index("</body>")
+        assert page.index("mk-nav-top") < first_cell < page.rindex("mk-nav-bottom") < body_end
+        toc = re.search(r'<nav class="mk-toc".*?</nav>', page, re.S).group(0)
+        anchors = re.findall(r'<a href="#([^"]+)">([^<]+)</a>', toc)
+        assert [t for _, t in anchors] == [f"{stem} title", ["Masks (SWA)", "Loss &amp; tokens", "Sinks"][i],
+                                           "Exercise: one &amp; two"]
+        for anchor, _ in anchors:
+            assert f'id="{anchor}"' in page
+        assert QUICK_BANNER in page and "quick\n" in page and f"committed full output of {stem}" not in page
+        banner = re.search(r'<div class="mk-banner">.*?<a href="([^"]+)"', page, re.S).group(1)
+        assert banner == f"committed/{stem}.html"
+        committed = (out / banner).read_text()
+        assert f"committed full output of {stem}" in committed and QUICK_BANNER not in committed
+        assert [h for h, _ in _hrefs(committed, "mk-nav-top")][-1] == (f"{stems[i + 1]}.html" if i < 2 else
+                                                                        "../index.html")
+    index = (out / "index.html").read_text()
+    assert QUICK_BANNER in index
+    for stem in stems:
+        assert f'href="committed/{stem}.html"' in index and (out / "committed" / f"{stem}.html").exists()
+
+    full = tmp_path / "full"
+    runs = run_course(full, directory=src, quick=False, timeout=120, only="ch02")
+    page = (full / "ch02_b.html").read_text()
+    assert [r.name for r in runs] == ["ch02_b"] and "full\n" in page
+    assert QUICK_BANNER not in page and QUICK_BANNER not in (full / "index.html").read_text()
+    assert not (full / "committed").exists()
+    assert _hrefs(page, "mk-nav-top") == [("index.html", "index")]
+
+
+def test_index_thumbnails_link_to_their_chapter(tmp_path):
+    runs = [ChapterRun("ch01_x", "One", True, 1.0, figures=["ch01_x-1.png"])]
+    index = write_index(runs, tmp_path, quick=False, preset="tiny").read_text()
+    assert '<a href="ch01_x.html"><img src="figures/ch01_x-1.png"' in index and "height:220px" in index
+
+
+def test_decorate_rejects_a_fragment():
+    with pytest.raises(ValueError, match="<body>"):
+        decorate("<div>no page</div>", PageLinks("index.html"))
+
+
+def test_pages_show_figures_at_column_width():
+    page = decorate("<html><head></head><body><main>x</main></body></html>", PageLinks("index.html"))
+    assert ".jp-RenderedImage img{width:100%" in page
+
+
+def _assert_readable(ax, n):
+    """``n`` x tick labels that either sit side by side, or are all turned by one angle at which neighbours are
+    at least a label's height apart across the turned lines."""
+    labels = [t for t in ax.get_xticklabels() if t.get_text()]
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = sorted((t.get_window_extent(renderer) for t in labels), key=lambda b: b.x0)
+    (angle,) = {t.get_rotation() for t in labels}
+    assert len(labels) == n
+    if angle == 0:
+        assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:]))
+    else:
+        ticks = ax.transData.transform([(x, 0) for x in ax.get_xticks()])[:, 0]
+        height = max(t.get_fontsize() * ax.figure.dpi / 72 * (t.get_text().count("\n") + 1) for t in labels)
+        assert 30 <= angle <= 90 and min(np.diff(ticks)) * np.sin(np.radians(angle)) >= height
+
+
+def test_viz_long_tick_labels_do_not_overlap(tmp_path, monkeypatch):
+    """Chapter 2a's figures go through viz.curves / viz.bars and viz.finish: long labels must not collide."""
+    monkeypatch.setenv("MIMO_KIT_FIG_DIR", str(tmp_path))
+    viz.use_style()
+    fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+    line = viz.curves({"a": ([0, 80_000, 160_000], [3.0, 2.0, 1.0])}, ax=axes[0])
+    line.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())  # plain 160000-style labels, as in the
+    line.set_xticks(range(0, 160_001, 20_000))  # committed chapter 2a loss-vs-tokens figure
+    names = ["hybrid 39/9 (Flash)", "all-GA (48 GA)", "all-SWA (48 SWA)", "hybrid, sinks off"]
+    bar = viz.bars(dict(zip(names, [1.0, 2.0, 3.0, 4.0])), ax=axes[1])
+    fig.canvas.draw()
+    assert viz._overlapping([t for t in line.get_xticklabels() if t.get_text()], fig.canvas.get_renderer())
+    viz.finish(fig, "crowded")
+    for ax, n in ((line, 9), (bar, 4)):
+        _assert_readable(ax, n)
+    assert {t.get_rotation() for t in line.get_xticklabels()} != {0.0}
+    assert [t.get_text() for t in bar.get_xticklabels()][0] == "hybrid 39/9\n(Flash)"
+    plt.close(fig)
+
+
+def test_viz_short_labels_stay_horizontal():
+    viz.use_style()
+    ax = viz.bars({"x": 1.0, "y": 2.0})
+    ax.figure.canvas.draw()
+    assert viz.declutter_ticks(ax) == 0.0 and [t.get_text() for t in ax.get_xticklabels()] == ["x", "y"]
+    assert {t.get_rotation() for t in ax.get_xticklabels()} == {0.0}
+    plt.close(ax.figure)
+    with pytest.raises(ValueError, match="width=0"):
+        viz.wrap_label("abc", 0)
