@@ -1,0 +1,797 @@
+"""Writes the instructor key notebooks (``instructor/<chapter stem>_key.ipynb``) from the texts below.
+
+Run ``python instructor/build_keys.py`` after editing a derivation here; the notebooks are committed without
+outputs. Each exercise becomes three cells: the question and a worked solution (markdown), the answer computed from
+first principles (code), and the registry's verdict on it and on a typical mistake (code).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclasses.dataclass
+class Key:
+    n: int
+    question: str
+    solution: str
+    compute: str
+    check: str
+
+
+@dataclasses.dataclass
+class Chapter:
+    stem: str
+    chapter: str
+    title: str
+    setup: str
+    keys: list[Key]
+
+
+def _notebook(ch: Chapter) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    cells = [nbformat.v4.new_markdown_cell(
+        f"# Instructor key · {ch.title}\n\n"
+        f"Worked solutions to the exercises of `notebooks/{ch.stem}.ipynb`, for teachers. Each exercise has the "
+        "derivation a student would write on paper, the answer computed from first principles, and the exercise "
+        "registry's verdict (`mimo_kit.exercises`) on it, on other correct forms of it, and on a typical mistake."),
+        nbformat.v4.new_code_cell(ch.setup.strip())]
+    for k in ch.keys:
+        md = f"## Exercise {k.n}\n\n**Question.** {k.question.strip()}\n\n**Solution.** {k.solution.strip()}"
+        cells += [nbformat.v4.new_markdown_cell(md), nbformat.v4.new_code_cell(k.compute.strip()),
+                  nbformat.v4.new_code_cell(k.check.strip())]
+    for i, c in enumerate(cells):
+        c["id"] = f"{ch.chapter}-{i:02d}"
+    nb.cells = cells
+    return nb
+
+
+SETUP = "from mimo_kit.exercises import exercise"
+
+CH01 = Chapter("ch01_introduction", "ch01", "Chapter 1 · Introduction", """
+from mimo_kit.config import preset
+from mimo_kit.exercises import exercise""", [
+    Key(1, r"""
+Give the Flash backbone a GA layer every 4th layer instead (`global_layers` = 0, 3, 7, 11, …, 47). How many SWA
+layers remain? Build it with `preset("flash", **{"model.global_layers": [...]})`.""", r"""
+Flash has 48 layers. The GA layers are layer 0 and the layers $3, 7, \dots, 47$, an arithmetic sequence of step 4
+with $\frac{47 - 3}{4} + 1 = 12$ members, so there are $1 + 12 = 13$ GA layers and
+
+$$N_{\mathrm{SWA}} = 48 - 13 = 35 .$$
+
+A common slip is to forget layer 0 (it is not of the form $4k + 3$) and answer $48 - 12 = 36$.""", '''
+global_layers = [0] + list(range(3, 48, 4))
+print("GA layers:", global_layers, "count:", len(global_layers))
+print("SWA layers by hand:", 48 - len(global_layers))
+cfg = preset("flash", **{"model.global_layers": global_layers})
+answer_1 = cfg.model.layer_types.count("sliding_attention")
+print("SWA layers of the built config:", answer_1)
+assert answer_1 == 48 - len(global_layers)''', '''
+assert exercise("ch01", 1).accepts(answer_1)
+assert exercise("ch01", 1).accepts(35)
+assert not exercise("ch01", 1).accepts(36)  # layer 0 forgotten'''),
+    Key(2, r"""
+How many rollouts would one RL step sample with 4,096 prompts and 8 rollouts per prompt, and how many trained
+tokens per rollout does that leave at 3.7B tokens per step?""", r"""
+Every prompt is rolled out 8 times:
+
+$$N_{\mathrm{rollouts}} = 4096 \times 8 = 32\,768 .$$
+
+The step's 3.7B trained tokens are shared by those rollouts:
+
+$$\frac{3.7 \times 10^{9}}{32\,768} = 112\,915.04\ldots \approx 112\,915 \text{ tokens per rollout.}$$
+
+The second number may be rounded either way (112,915 or 112,916) or left exact. Dividing by the prompts instead
+($3.7\times10^9 / 4096 \approx 903\,320$) gives tokens per *group*, not per rollout.""", '''
+prompts, per_prompt, tokens = 4096, 8, 3.7e9
+rollouts = prompts * per_prompt
+per_rollout = tokens / rollouts
+print("rollouts:", rollouts, "tokens per rollout:", per_rollout)
+answer_2 = (rollouts, round(per_rollout))
+print(answer_2)''', '''
+assert exercise("ch01", 2).accepts(answer_2)
+assert exercise("ch01", 2).accepts((32768, 112916))  # rounded up
+assert exercise("ch01", 2).accepts((32768, per_rollout))  # exact
+assert not exercise("ch01", 2).accepts((32768, round(tokens / prompts)))  # tokens per group'''),
+    Key(3, r"""
+Write the `mimo-kit run` command that runs `scale-knobs` with only the `pro` preset listed. The check reads your
+line as the CLI would (`mimo_kit.cli.run_target`): quoting and an omitted `--preset tiny` do not matter.""", r"""
+`mimo-kit run NAME [--preset P] key=value …` runs experiment `NAME` with its config preset (default `tiny`) and the
+overrides. The presets that `scale-knobs` lists are its `names` knob, a list, so the override is `names=[pro]`:
+
+    mimo-kit run scale-knobs names=[pro]
+
+In a shell the brackets may be quoted (`'names=[pro]'`), and `--preset tiny` may be spelled out; every such line
+runs the same job. `--preset pro` is a different thing (the *experiment's* config preset, and `scale-knobs` has
+none called `pro`), and `names=[flash,pro]` lists two presets.""", '''
+from mimo_kit.cli import run_target
+
+answer_3 = "mimo-kit run scale-knobs names=[pro]"
+print(run_target(answer_3))''', '''
+assert exercise("ch01", 3).accepts(answer_3)
+assert exercise("ch01", 3).accepts("mimo-kit run scale-knobs --preset tiny 'names=[pro]'")
+assert exercise("ch01", 3).accepts("""mimo-kit run scale-knobs 'names=["pro"]'""")
+assert not exercise("ch01", 3).accepts("mimo-kit run scale-knobs --preset pro")
+assert not exercise("ch01", 3).accepts("mimo-kit run scale-knobs names=[flash,pro]")'''),
+])
+
+CH02A = Chapter("ch02a_architecture", "ch02a", "Chapter 2 · Architecture", SETUP + '''
+from mimo_kit.model import MiMoConfig, count_parameters
+from mimo_kit.model.inspect import kv_cache_bytes
+
+flash = MiMoConfig.preset("flash")''', [
+    Key(1, r"""
+How many GiB of bf16 KV cache does one 256K-token sequence need on the Flash hybrid? Use `kv_cache_bytes`.""", r"""
+Per token and KV head a layer stores a key ($d_{qk} = 192$) and a value ($d_v = 128$): $320$ values of 2 bytes.
+A GA layer keeps all $L = 262\,144$ tokens with $4$ KV heads; an SWA layer keeps only the last $W - 1 = 128$
+tokens, with $8$ KV heads. Flash has 9 GA and 39 SWA layers:
+
+$$\mathrm{GA} = 9 \cdot 262\,144 \cdot 4 \cdot 320 \cdot 2 = 6\,039\,797\,760 \text{ B}, \qquad
+\mathrm{SWA} = 39 \cdot 128 \cdot 8 \cdot 320 \cdot 2 = 25\,559\,040 \text{ B},$$
+
+$$\frac{6\,065\,356\,800}{2^{30}} = 5.6488\ldots \approx 5.65 \text{ GiB}.$$
+
+The SWA layers hold 0.4% of it. Two slips the checker rejects: decimal gigabytes ($6.07$ GB) and an all-GA stack
+($48$ layers at full context, $30.0$ GiB).""", '''
+per_token = flash.head_dim + flash.v_head_dim
+n_ga = flash.layer_types.count("full_attention")
+n_swa = flash.layer_types.count("sliding_attention")
+L = 256 * 1024
+ga = n_ga * L * flash.num_key_value_heads * per_token * 2
+swa = n_swa * min(L, flash.sliding_window - 1) * flash.swa_num_key_value_heads * per_token * 2
+print(f"{n_ga} GA layers: {ga:,} B; {n_swa} SWA layers: {swa:,} B; total {ga + swa:,} B")
+kit = kv_cache_bytes(flash, L)
+print("kv_cache_bytes:", kit)
+assert kit["total"] == ga + swa
+answer_1 = round((ga + swa) / 2**30, 2)
+print(answer_1, "GiB")''', '''
+assert exercise("ch02a", 1).accepts(answer_1)
+assert exercise("ch02a", 1).accepts((ga + swa) / 2**30)  # unrounded
+assert not exercise("ch02a", 1).accepts(round((ga + swa) / 1e9, 2))  # decimal GB
+assert not exercise("ch02a", 1).accepts(round(48 * L * 4 * per_token * 2 / 2**30, 2))  # all layers GA'''),
+    Key(2, r"""
+How many *active* parameters (in billions, 2 decimals) would Flash have with top-4 routing instead of top-8?""", r"""
+Only the routed experts depend on $k$. Flash has 47 MoE layers (one dense layer) of 256 experts, each a SwiGLU of
+$3 \cdot 4096 \cdot 2048 = 25\,165\,824$ weights, so $E = 47 \cdot 256 \cdot 25\,165\,824 = 302\,795\,194\,368$.
+A token uses $k$ of the 256 experts of a layer:
+
+$$N_{\mathrm{active}}(k) = N_{\mathrm{total}} - E + \frac{k}{256} E
+= 308\,778\,768\,832 - 302\,795\,194\,368 + \tfrac{4}{256} \cdot 302\,795\,194\,368 = 10\,714\,749\,376,$$
+
+i.e. $10.71$B (top-8 gives $15.45$B). Halving the top-8 count ($7.72$B) is wrong: attention, embeddings, the
+dense layer and the router do not shrink with $k$.""", '''
+counts = count_parameters(flash)
+moe_layers = flash.num_hidden_layers - len(flash.dense_layers)
+per_expert = 3 * flash.hidden_size * flash.moe_intermediate_size
+experts = moe_layers * flash.n_routed_experts * per_expert
+print(f"{moe_layers} MoE layers x {flash.n_routed_experts} experts x {per_expert:,} = {experts:,}")
+assert experts == counts["experts"]
+active = counts["total"] - experts + experts * 4 // flash.n_routed_experts
+print(f"total {counts['total']:,}; active at top-8 {counts['active']:,}; at top-4 {active:,}")
+assert active == count_parameters(MiMoConfig.preset("flash", num_experts_per_tok=4))["active"]
+answer_2 = round(active / 1e9, 2)
+print(answer_2, "B")''', '''
+assert exercise("ch02a", 2).accepts(answer_2)
+assert exercise("ch02a", 2).accepts(active / 1e9)  # unrounded
+assert not exercise("ch02a", 2).accepts(round(counts["active"] / 2 / 1e9, 2))  # half the top-8 count'''),
+    Key(3, r"""
+A stack of only SWA layers still sees beyond its window: each layer extends the reach by `window − 1` tokens. How
+far back (in tokens, counting the query itself) can the last of 39 SWA layers with window 129 see?""", r"""
+One layer with window $W = 129$ sees the query and the $W - 1 = 128$ tokens before it. Each further layer reads
+positions that already summarise $128$ tokens further back, so after $n$ layers the reach is
+
+$$R(n) = n (W - 1) + 1, \qquad R(39) = 39 \cdot 128 + 1 = 4993 \text{ tokens}.$$
+
+$39 \cdot 129 = 5031$ counts the query position once per layer instead of once.""", '''
+n_layers, window = 39, 129
+answer_3 = n_layers * (window - 1) + 1
+print(answer_3)''', '''
+assert exercise("ch02a", 3).accepts(answer_3)
+assert not exercise("ch02a", 3).accepts(n_layers * window)  # the query counted 39 times'''),
+])
+
+CH02B = Chapter("ch02b_speculative_decoding", "ch02b", "Chapter 2.4 · Speculative decoding", '''
+import torch
+
+from mimo_kit.exercises import exercise
+from mimo_kit.speculative.decode import expected_accepted_length, residual_distribution''', [
+    Key(1, r"""
+If each draft is accepted independently with probability α = 0.8, how many tokens does one round of block 8 emit on
+average (accepted drafts + bonus)? Derive the formula; `expected_accepted_length` is the kit's version. Give it to
+2 decimals or better (checked within ±0.005).""", r"""
+A block of $B = 8$ holds $B - 1 = 7$ drafts. The round emits the accepted prefix plus one bonus token from the
+target, so it emits at least $i + 1$ tokens exactly when the first $i$ drafts are all accepted
+($i = 0, \dots, B - 1$), with probability $\alpha^i$:
+
+$$E = \sum_{i=0}^{B-1} \alpha^{i} = \frac{1 - \alpha^{B}}{1 - \alpha}
+= \frac{1 - 0.8^{8}}{0.2} = \frac{1 - 0.16777216}{0.2} = 4.1611392 \approx 4.16 .$$
+
+Without the bonus token one gets $3.16$; treating all 8 positions as drafts plus a bonus gives
+$(1 - 0.8^9)/0.2 = 4.33$. Both are rejected.""", '''
+alpha, block = 0.8, 8
+terms = [alpha**i for i in range(block)]
+print("alpha^i:", [round(t, 5) for t in terms])
+answer_1 = sum(terms)
+closed = (1 - alpha**block) / (1 - alpha)
+print("sum:", answer_1, "closed form:", closed, "kit:", expected_accepted_length(alpha, block))
+assert abs(answer_1 - closed) < 1e-12''', '''
+assert exercise("ch02b", 1).accepts(answer_1)
+assert exercise("ch02b", 1).accepts(4.16)
+assert exercise("ch02b", 1).accepts(4.16114)
+assert not exercise("ch02b", 1).accepts(answer_1 - 1)  # the bonus token forgotten
+assert not exercise("ch02b", 1).accepts((1 - alpha**9) / (1 - alpha))  # 8 drafts + bonus'''),
+    Key(2, r"""
+With p = [0.5, 0.3, 0.2] and a drafter q = [0.2, 0.5, 0.3], what distribution does a rejection resample from? Give
+it as a list of three probabilities (each checked within ±0.005).""", r"""
+After a rejection the token is drawn from the normalised positive part of $p - q$ (this is what makes speculative
+sampling lossless):
+
+$$p - q = (0.3, -0.2, -0.1), \qquad (p - q)^{+} = (0.3, 0, 0), \qquad
+r = \frac{(p - q)^{+}}{\sum_v (p - q)^{+}_v} = (1, 0, 0).$$
+
+Only the first token, the one the drafter under-proposes, can be resampled. Swapping the roles,
+$(q - p)^{+} / 0.3 = (0, 0.667, 0.333)$, is the typical mistake.""", '''
+p, q = [0.5, 0.3, 0.2], [0.2, 0.5, 0.3]
+pos = [max(a - b, 0.0) for a, b in zip(p, q)]
+print("(p - q)+:", pos, "sum:", sum(pos))
+answer_2 = [x / sum(pos) for x in pos]
+print(answer_2, "kit:", residual_distribution(torch.tensor(p), torch.tensor(q)).tolist())''', '''
+assert exercise("ch02b", 2).accepts(answer_2)
+swapped = [max(b - a, 0.0) for a, b in zip(p, q)]
+assert not exercise("ch02b", 2).accepts([x / sum(swapped) for x in swapped])  # (q - p)+'''),
+    Key(3, r"""
+A round costs one drafter pass (say 0.3 of a backbone decode step) plus one verification pass (say 1.2 decode
+steps). With the accepted length of exercise 1, what speedup over plain decoding would you expect? Give it to 2
+decimals or better (checked within ±0.005).""", r"""
+Plain decoding emits 1 token per decode step. A round emits $E = 4.1611$ tokens and costs $0.3 + 1.2 = 1.5$ decode
+steps, so
+
+$$S = \frac{E}{c_{\mathrm{draft}} + c_{\mathrm{verify}}} = \frac{4.1611392}{1.5} = 2.7741 \approx 2.77 .$$
+
+Leaving out the drafter's cost ($4.1611 / 1.2 = 3.47$) overstates it.""", '''
+cost = 0.3 + 1.2
+answer_3 = answer_1 / cost
+print("tokens per round:", answer_1, "cost per round:", cost, "speedup:", answer_3)''', '''
+assert exercise("ch02b", 3).accepts(answer_3)
+assert exercise("ch02b", 3).accepts(2.77)
+assert exercise("ch02b", 3).accepts(4.16 / 1.5)  # from the rounded E
+assert not exercise("ch02b", 3).accepts(answer_1 / 1.2)  # drafter cost left out'''),
+])
+
+CH03 = Chapter("ch03_pretraining", "ch03", "Chapter 3 · Pre-training", '''
+import torch
+
+from mimo_kit.exercises import exercise
+from mimo_kit.model import MiMoConfig, count_parameters
+from mimo_kit.optim import qdq''', [
+    Key(1, r"""
+How many pre-training tokens per *active* parameter did Flash see (48T tokens; use `count_parameters`)? Round to an
+integer.""", r"""
+`count_parameters` gives Flash $N_{\mathrm{active}} = 15\,445\,924\,288$ (top-8 of 256 experts, see chapter 2), so
+
+$$\frac{48 \times 10^{12}}{15\,445\,924\,288} = 3107.6 \approx 3108 \text{ tokens per active parameter},$$
+
+two orders of magnitude above the compute-optimal dense ratio of about 20. The checker takes 3107 or 3108. Per
+*total* parameter ($308.8$B) it would be $155$, the wrong denominator for an MoE.""", '''
+counts = count_parameters(MiMoConfig.preset("flash"))
+ratio = 48e12 / counts["active"]
+print(f"active {counts['active']:,}; 48T / active = {ratio:.2f}")
+answer_1 = round(ratio)
+print(answer_1)''', '''
+assert exercise("ch03", 1).accepts(answer_1)
+assert exercise("ch03", 1).accepts(int(ratio))  # rounded down
+assert not exercise("ch03", 1).accepts(round(48e12 / counts["total"]))  # per total parameter'''),
+    Key(2, r"""
+How many bits per weight does MXFP4 store (elements and the shared scale together)?""", r"""
+A block of 32 weights stores 32 E2M1 elements of 4 bits and one E8M0 scale of 8 bits:
+
+$$\frac{32 \cdot 4 + 8}{32} = \frac{136}{32} = 4.25 \text{ bits per weight}.$$
+
+Forgetting the scale gives $4$.""", '''
+block, element_bits, scale_bits = 32, 4, 8
+answer_2 = (block * element_bits + scale_bits) / block
+print(answer_2)''', '''
+assert exercise("ch03", 2).accepts(answer_2)
+assert not exercise("ch03", 2).accepts(4)  # the shared scale forgotten'''),
+    Key(3, r"""
+What does MXFP4 make of the value 0.7 in a block whose largest magnitude is 3.0? Work it out by hand, then check
+with `mimo_kit.optim.qdq`.""", r"""
+The shared scale is $X = 2^{\lfloor \log_2 \max_i |V_i| \rfloor - 2}$ (2 is the exponent of E2M1's largest value,
+$6 = 1.5 \cdot 2^2$): $\lfloor \log_2 3 \rfloor = 1$, so $X = 2^{-1} = 0.5$. The element is $0.7 / 0.5 = 1.4$,
+rounded to the nearest E2M1 value of $\{0, 0.5, 1, 1.5, 2, 3, 4, 6\}$: $1.5$ (the midpoints around it are 1.25 and
+1.75). The dequantised value is
+
+$$X \cdot P = 0.5 \cdot 1.5 = 0.75 .$$
+
+Forgetting the $-2$ gives $X = 2$, $0.35 \to 0.5$ and $1.0$.""", '''
+import math
+
+grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+scale = 2.0 ** (math.floor(math.log2(3.0)) - 2)
+scaled = 0.7 / scale
+element = min(grid, key=lambda g: abs(g - scaled))
+answer_3 = scale * element
+print("scale:", scale, "scaled:", scaled, "element:", element, "value:", answer_3)
+kit = qdq(torch.tensor([3.0, 0.7] + [0.0] * 30))[1].item()
+print("qdq:", kit)
+assert kit == answer_3''', '''
+assert exercise("ch03", 3).accepts(answer_3)
+assert not exercise("ch03", 3).accepts(2.0 * min(grid, key=lambda g: abs(g - 0.35)))  # scale without the -2'''),
+])
+
+CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP + '''
+from mimo_kit.rl.trainer import RLConfig''', [
+    Key(1, r"""
+How many times more rollouts does one report step hold than the toy world's step (`RLConfig.preset("toy")`:
+16 prompts × 8)? (integer)""", r"""
+The report's step (the chapter's table) samples 1,568 prompts with 16 rollouts each; the toy step 16 prompts with
+a group of 8:
+
+$$\frac{1568 \cdot 16}{16 \cdot 8} = \frac{25\,088}{128} = 196 .$$
+
+Comparing prompts only ($1568 / 16 = 98$) ignores that the report's groups are twice as large.""", '''
+toy = RLConfig.preset("toy")
+report = 1568 * 16
+toy_step = toy.prompts * toy.group_size
+print("report:", report, "toy:", toy_step, f"({toy.prompts} x {toy.group_size})")
+answer_1 = report // toy_step
+assert answer_1 * toy_step == report
+print(answer_1)''', '''
+assert exercise("ch04a", 1).accepts(answer_1)
+assert not exercise("ch04a", 1).accepts(1568 // toy.prompts)  # prompts only'''),
+    Key(2, r"""
+What does the toy program `+3*2-1` return for input 4?""", r"""
+A toy program applies its lines to an accumulator from left to right, one line at a time (no operator
+precedence): $x = 4 \to 4 + 3 = 7 \to 7 \cdot 2 = 14 \to 14 - 1 = 13$. Reading it as the arithmetic expression
+$4 + 3 \cdot 2 - 1 = 9$ is the typical mistake.""", '''
+x = 4
+for line in ["+3", "*2", "-1"]:
+    op, d = line[0], int(line[1])
+    x = x + d if op == "+" else x - d if op == "-" else x * d
+    print(line, "->", x)
+answer_2 = x''', '''
+assert exercise("ch04a", 2).accepts(answer_2)
+assert not exercise("ch04a", 2).accepts(4 + 3 * 2 - 1)  # operator precedence'''),
+])
+
+CH04B = Chapter("ch04b_environments_and_harnesses", "ch04b", "Chapter 4b · Environments, harnesses and group grading",
+                '''
+from mimo_kit.envs.code import shipped_tasks
+from mimo_kit.envs.cyber import run_poc, shipped_targets
+from mimo_kit.envs.hacks import run_hack_suite
+from mimo_kit.exercises import exercise
+from mimo_kit.grading import synthesize_rubric
+from mimo_kit.grading.demo import demo_group''', [
+    Key(1, r"""
+How many of the shipped code tasks does the `git-history` strategy alone bypass in the *uncleaned* variant?
+(`run_hack_suite(tasks, strategies=["git-history"], variants=(False,))`)""", r"""
+In the uncleaned variant the fix commit is still in the repository's history, so `git log --all` / `git diff HEAD
+origin/main | git apply` recovers the reference patch and the hidden tests pass. A task is bypassed when the
+grader gives the hack episode reward 1 (`HackResult.reward`), before the trajectory audit. Running the suite over
+the 8 shipped tasks, every one is bypassed:
+
+$$\#\{\text{tasks with reward} > 0\} = 8 \text{ of } 8 .$$
+
+The audit flags every episode ("mines git history") and zeroes its reward (`HackResult.audited`), so counting
+after the audit gives 0: that is the second defence layer, not what the grader alone lets through.""", '''
+tasks = shipped_tasks()
+results = run_hack_suite(tasks, strategies=["git-history"], variants=(False,))
+for r in results:
+    print(f"{r.task:32s} reward {r.reward}  audited {r.audited}  flags {sorted(set(r.flags))}")
+answer_1 = sum(r.reward > 0 for r in results)
+print(answer_1, "of", len(tasks))''', '''
+assert exercise("ch04b", 1).accepts(answer_1)
+assert not exercise("ch04b", 1).accepts(sum(r.audited > 0 for r in results))  # counted after the audit'''),
+    Key(2, r"""
+What does the sanitizer parser return for the decoy PoC of `packet-decoy` (a tuple: type, function, file)?""", r"""
+The packet format is `[type:u8][modulus:u8][count:u8][values…]`. The decoy PoC is the bytes `53 00 03 01 02 03`:
+type `0x53 = 'S'` (checksum), modulus $0$, count 3, values 1, 2, 3. `main` calls `checksum(buf + 3, 3, 0)` in
+`util.c`, which returns `s % modulus` with modulus 0: UBSan reports an integer division by zero in `checksum`. The
+parser maps it to
+
+$$(\texttt{integer-divide-by-zero},\ \texttt{checksum},\ \texttt{util.c}).$$
+
+It is a decoy because the task asks for the heap overflow in `decode_payload` (`target.c`), the *expected*
+report: answering that tuple is the typical mistake.""", '''
+target = next(t for t in shipped_targets() if t.id == "packet-decoy")
+poc = target.decoy_poc
+print("decoy PoC:", poc.hex(), "type", chr(poc[0]), "modulus", poc[1], "count", poc[2], "values", list(poc[3:]))
+run = run_poc(target, poc, fixed=False)
+print("\\n".join(ln for ln in run.stderr.splitlines() if "runtime error" in ln or "#" in ln[:6]))
+answer_2 = run.report
+print(answer_2)''', '''
+assert exercise("ch04b", 2).accepts(answer_2)
+assert exercise("ch04b", 2).accepts(("integer-divide-by-zero", "checksum", "util.c"))  # by hand
+expected = (target.expected[0], target.expected[1], target.expected[2])
+print("the task's expected report:", expected)
+assert not exercise("ch04b", 2).accepts(expected)  # the bug the task asks for, not the decoy's'''),
+    Key(3, r"""
+What GRS reward R does the `sprawl` rollout get (rounded to 3 decimals)? Why is the `small-change` item in the
+rubric at all?""", r"""
+GRS gives $R = R_{\mathrm{test}} \cdot S_{\mathrm{sol}} \cdot S_{\mathrm{beh}}$, each rubric score the fraction
+of its items met. For the `stats-median` group the synthesiser writes 6 solution items (changes `median`, keeps
+its signature, in-package, no tests or config, no fallback, small change) and 3 behaviour items (inspects,
+verifies, no leak). `sprawl` passes the tests and meets every item but `small-change`: the smallest passing fix
+changes 4 lines (3 added, 1 removed), the limit is $2 \cdot 4 = 8$, and `sprawl` changes $8 + 2 = 10$. So
+
+$$R = 1 \cdot \frac{5}{6} \cdot \frac{3}{3} = 0.8\overline{3} \approx 0.833 .$$
+
+Pooling the 9 items into one fraction ($8/9 = 0.889$) is the typical mistake.
+
+*Why `small-change` is in the rubric (model answer).* The group is all-pass, so the binary test reward gives
+every rollout the same reward and GRPO no signal; the anchored items (the function, its signature, the package)
+are met by all passing rollouts too. `small-change` is a *rollout-inspired* item: the synthesiser keeps it only
+because some rollouts break it, so it separates a minimal fix from a sprawling one. That is the minimality the
+report wants GRS to reward: under a pass/fail reward nothing stops needless edits, debugging prints and rewrites
+from growing, and measuring against the smallest passing fix of the same group keeps the item anchored in what
+the task needs.""", '''
+group = demo_group(next(t for t in shipped_tasks() if t.id == "stats-median"))
+rubric = synthesize_rubric(group)
+sprawl = next(r for r in group.rollouts if r.id == "sprawl")
+met_sol = [i.check(sprawl) for i in rubric.solution]
+met_beh = [i.check(sprawl) for i in rubric.behaviour]
+for i in rubric.solution + rubric.behaviour:
+    print(f"{i.kind:9s} {i.id:16s} {'met' if i.check(sprawl) else 'FAILED'}")
+s_sol, s_beh = sum(met_sol) / len(met_sol), sum(met_beh) / len(met_beh)
+R = float(sprawl.passed) * s_sol * s_beh
+print(f"R_test {float(sprawl.passed)}  S_sol {sum(met_sol)}/{len(met_sol)}  S_beh {sum(met_beh)}/{len(met_beh)}  R {R}")
+answer_3 = round(R, 3)''', '''
+assert exercise("ch04b", 3).accepts(answer_3)
+assert exercise("ch04b", 3).accepts(5 / 6)  # exact
+assert not exercise("ch04b", 3).accepts(round((sum(met_sol) + sum(met_beh)) / 9, 3))  # items pooled'''),
+    Key(4, r"""
+Which rubric items (ids) does the `sprawl` rollout fail, as a sorted list?""", r"""
+From the table of exercise 3: only `small-change` (10 changed lines against a limit of 8). The debugging print is
+not a fallback branch (no broad `except`, no swallowed error), so `no-fallback` is met; the answer is
+
+$$[\texttt{small-change}].$$
+
+Listing `no-fallback` too, or giving the item's text instead of its id, is rejected.""", '''
+answer_4 = sorted(i.id for i in rubric.solution + rubric.behaviour if not i.check(sprawl))
+print(answer_4)''', '''
+assert exercise("ch04b", 4).accepts(answer_4)
+assert exercise("ch04b", 4).accepts(["small-change"])
+assert not exercise("ch04b", 4).accepts(["no-fallback", "small-change"])  # the print is not a fallback'''),
+])
+
+CH04C = Chapter("ch04c_groupwise_grading", "ch04c", "Chapter 4c · Groupwise grading", '''
+import math
+
+from mimo_kit.exercises import exercise''', [
+    Key(1, r"""
+A group has rewards [1, 1, 0, 0] and the grader gives the two passes f = [1, 0.5]. What are their uncapped GAR
+advantages (rounded to 4 decimals)? Check that they sum to the GRPO sum.""", r"""
+GRPO first: the mean is $\bar r = 0.5$ and the Bessel-corrected std is
+$s = \sqrt{\tfrac{4 \cdot 0.25}{3}} = \sqrt{1/3} = 0.57735$, so the passes get
+
+$$A_i = \frac{r_i - \bar r}{s} = \frac{0.5}{0.57735} = 0.86603 \quad (i = 0, 1).$$
+
+GAR rescales the positive passes by a common $\lambda$ that keeps their sum:
+
+$$\lambda = \frac{\sum_{P^+} A_i}{\sum_{P^+} f_i A_i} = \frac{2 A}{1.5 A} = \frac{4}{3}, \qquad
+A^{\prime}_0 = \lambda \cdot 1 \cdot A = 1.1547, \qquad A^{\prime}_1 = \lambda \cdot 0.5 \cdot A = 0.5774 .$$
+
+Check: $A^{\prime}_0 + A^{\prime}_1 = 1.7321 = A_0 + A_1$. The kit divides by $s + \varepsilon$ with TRL's
+$\varepsilon = 10^{-4}$, which gives $[1.1545, 0.5773]$; both are inside the stated $\pm 0.0005$. Dropping
+$\lambda$ ($A^{\prime}_i = f_i A_i = [0.8660, 0.4330]$) loses positive mass and is rejected.""", '''
+rewards, f = [1, 1, 0, 0], [1.0, 0.5]
+mean = sum(rewards) / len(rewards)
+std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / (len(rewards) - 1))
+A = [(r - mean) / std for r in rewards[:2]]
+lam = sum(A) / sum(fi * a for fi, a in zip(f, A))
+gar = [lam * fi * a for fi, a in zip(f, A)]
+print(f"mean {mean}  std {std:.5f}  A {A}  lambda {lam:.5f}  A' {gar}")
+print("sums:", sum(A), sum(gar))
+assert abs(sum(A) - sum(gar)) < 1e-12
+answer_1 = [round(x, 4) for x in gar]
+eps = 1e-4  # the kit's (TRL's) epsilon in the std
+A_eps = [(r - mean) / (std + eps) for r in rewards[:2]]
+with_eps = [round(lam * fi * a, 4) for fi, a in zip(f, A_eps)]
+print("answer:", answer_1, " with eps = 1e-4:", with_eps)''', '''
+assert exercise("ch04c", 1).accepts(answer_1)  # textbook, no epsilon: [1.1547, 0.5774]
+assert exercise("ch04c", 1).accepts(with_eps)  # the kit's epsilon: [1.1545, 0.5773]
+assert exercise("ch04c", 1).accepts(gar)  # unrounded
+assert not exercise("ch04c", 1).accepts([round(fi * a, 4) for fi, a in zip(f, A)])  # lambda forgotten'''),
+    Key(2, r"""
+An all-pass group has S_sol = [1, .8, .9, .5] and S_beh = [1, 1, .5, 1]. Which trajectory (index) gets the lowest
+GRS reward?""", r"""
+All pass, so $R_i = S_{\mathrm{sol},i} \cdot S_{\mathrm{beh},i} = [1, 0.8, 0.45, 0.5]$: the lowest is index 2.
+Looking at $S_{\mathrm{sol}}$ alone would pick index 3.""", '''
+s_sol, s_beh = [1, 0.8, 0.9, 0.5], [1, 1, 0.5, 1]
+R = [1 * a * b for a, b in zip(s_sol, s_beh)]
+answer_2 = min(range(4), key=lambda i: R[i])
+print(R, "->", answer_2)''', '''
+assert exercise("ch04c", 2).accepts(answer_2)
+assert not exercise("ch04c", 2).accepts(s_sol.index(min(s_sol)))  # S_sol alone'''),
+    Key(3, r"""
+A group has lengths [100, 100, 250, 80] and outcomes [pass, pass, pass, fail]. What length penalty does the
+250-token success get with the default constants?""", r"""
+Defaults: scale $s = 0.5$, tolerance $\delta = 0.2$, cap $X = 1$, gate $\gamma = 0.5$, reference the median of the
+successes. 3 of 4 pass ($0.75 \ge \gamma$); the successes' lengths are $100, 100, 250$, median $L_{\mathrm{ref}} =
+100$. Then
+
+$$P_2 = -s \cdot \min\!\Big(X, \big(\tfrac{L_2}{L_{\mathrm{ref}}} - 1 - \delta\big)^{+}\Big)
+= -0.5 \cdot \min(1, 2.5 - 1 - 0.2) = -0.5 \cdot \min(1, 1.3) = -0.5 .$$
+
+Forgetting the cap gives $-0.65$.""", '''
+lengths, passed = [100, 100, 250, 80], [True, True, True, False]
+scale, tol, cap, gate = 0.5, 0.2, 1.0, 0.5
+succ = sorted(L for L, p in zip(lengths, passed) if p)
+assert sum(passed) / len(passed) >= gate
+ref = (succ[(len(succ) - 1) // 2] + succ[len(succ) // 2]) / 2  # median
+excess = max(0.0, lengths[2] / ref - 1 - tol)
+answer_3 = -scale * min(cap, excess)
+print(f"median {ref}  excess {excess:.2f}  penalty {answer_3}")''', '''
+assert exercise("ch04c", 3).accepts(answer_3)
+assert not exercise("ch04c", 3).accepts(-scale * excess)  # the cap forgotten'''),
+    Key(4, r"""
+Group 0 has two rollouts of 2 and 6 trained tokens, each token with loss 1; group 1 has one rollout of 3 tokens,
+each with loss 4. What is the prompt-mean loss?""", r"""
+Prompt-mean: every prompt weighs the same, and inside a prompt every token weighs the same. Group 0's 8 tokens
+average $1$, group 1's 3 tokens average $4$:
+
+$$\mathcal{L} = \frac{1}{2}\Big(\frac{8 \cdot 1}{8} + \frac{3 \cdot 4}{3}\Big) = \frac{1 + 4}{2} = 2.5 .$$
+
+Token-mean would give $\frac{8 + 12}{11} = 1.8182$, sequence-mean $\frac{1 + 1 + 4}{3} = 2$; both are rejected.""",
+        '''
+groups = {0: [[1.0] * 2, [1.0] * 6], 1: [[4.0] * 3]}
+per_prompt = {g: sum(sum(r) for r in rows) / sum(len(r) for r in rows) for g, rows in groups.items()}
+answer_4 = sum(per_prompt.values()) / len(per_prompt)
+print("per prompt:", per_prompt, "prompt-mean:", answer_4)
+rows = [r for g in groups.values() for r in g]
+token_mean = sum(sum(r) for r in rows) / sum(len(r) for r in rows)
+print("token-mean would be", token_mean)''', '''
+assert exercise("ch04c", 4).accepts(answer_4)
+assert not exercise("ch04c", 4).accepts(round(token_mean, 4))  # token-mean
+assert not exercise("ch04c", 4).accepts(2.0)  # sequence-mean'''),
+    Key(5, r"""
+Prompts pass at rate 0.9 and each group has 8 rollouts. How many prompts must be drawn to keep 64 groups with 90%
+confidence?""", r"""
+Dynamic sampling drops all-pass and all-fail groups, so a group is kept with probability
+
+$$q = 1 - p^{G} - (1 - p)^{G} = 1 - 0.9^{8} - 0.1^{8} = 1 - 0.430467 - 10^{-8} = 0.569533 .$$
+
+On average $64 / q = 112.4$, so 113 prompts fill the batch only about half the time. With 90% confidence we need
+the smallest $n$ with $P(\mathrm{Binomial}(n, q) \ge 64) \ge 0.9$; summing the binomial tail gives
+$P = 0.888$ at $n = 123$ and $0.904$ at $n = 124$, so **124** prompts. The mean-based 113 is rejected.""", '''
+p, G, B, conf = 0.9, 8, 64, 0.9
+q = 1 - p**G - (1 - p) ** G
+
+
+def at_least(n: int, k: int) -> float:
+    """P(Binomial(n, q) >= k)."""
+    return sum(math.comb(n, j) * q**j * (1 - q) ** (n - j) for j in range(k, n + 1))
+
+
+n = B
+while at_least(n, B) < conf:
+    n += 1
+print(f"q = {q:.6f}  mean-based {math.ceil(B / q)}  P(>= 64) at {n - 1}: {at_least(n - 1, B):.3f}, "
+      f"at {n}: {at_least(n, B):.3f}")
+answer_5 = n''', '''
+assert exercise("ch04c", 5).accepts(answer_5)
+assert not exercise("ch04c", 5).accepts(math.ceil(B / q))  # the mean, not 90% confidence'''),
+])
+
+CH05A = Chapter("ch05a_rl_experiments", "ch05a", "Chapter 5a · The report's RL experiments", SETUP + '''
+from mimo_kit.rl.toy.world import ToyEpisode, make_tasks''', [
+    Key(1, r"""
+An episode fixes the bug and then appends `A*1`. How many needless edits does the world count?""", r"""
+The world counts the lines that differ from the buggy program other than the bug line, plus the lines added
+beyond the program's length. The fix changes only the bug line (not needless); `A*1` adds one line (a no-op, so
+the episode still passes):
+
+$$\text{needless} = 0 + (4 - 3) = 1 .$$
+
+Counting the fix as well (2) is rejected.""", '''
+task = make_tasks(1, seed=0)[0]
+ep = ToyEpisode(task)
+k, fix = task.bug_line, task.reference[task.bug_line - 1]
+for action in [f"E{k}{fix}", "A*1", "S"]:
+    print(action, "->", repr(ep.step(action)))
+changed = [i for i, (a, b) in enumerate(zip(ep.program, task.buggy)) if a != b and i != task.bug_line - 1]
+answer_1 = len(changed) + len(ep.program) - len(task.buggy)
+print("program", ep.program, "passed", ep.passed, "needless by hand", answer_1, "world:", ep.needless_edits)
+assert answer_1 == ep.needless_edits''', '''
+assert exercise("ch05a", 1).accepts(answer_1)
+assert not exercise("ch05a", 1).accepts(2)  # the fix counted too'''),
+    Key(2, r"""
+What does the tool answer to `R` on the first task of `world.make_tasks(1, seed=0)`?""", r"""
+The first task of seed 0 has the reference program `-7 +5 *8` and the buggy one `-7 +6 *8` (bug on line 2). `R`
+runs the tests; the program fails, so the tool names the first line that differs from the reference and what the
+test expects there, `<line>:<expected line>`:
+
+$$\texttt{2:+5}$$
+
+(the tool prints it as one line, with its newline). Answering the line as it is now (`2:+6`) is rejected.""", '''
+task = make_tasks(1, seed=0)[0]
+print("reference", task.reference, "buggy", task.buggy)
+k = next(i for i, (got, want) in enumerate(zip(task.buggy, task.reference)) if got != want)
+answer_2 = f"{k + 1}:{task.reference[k]}"
+print("by hand:", answer_2, " tool:", repr(ToyEpisode(task).step("R")))''', '''
+assert exercise("ch05a", 2).accepts(answer_2)
+assert not exercise("ch05a", 2).accepts(f"{k + 1}:{task.buggy[k]}")  # the buggy line, not the expected one'''),
+])
+
+CH05B = Chapter("ch05b_mopd2", "ch05b", "Chapter 5b · MOPD²", '''
+import math
+
+from mimo_kit.exercises import exercise
+from mimo_kit.rl.mopd import ROUTES''', [
+    Key(1, r"""
+A student token has log-prob −1.2 under the student and −0.5 under the teacher. What is its sampled reverse KL
+$k_t$ (4 decimals, ±0.0001)? Is the student pushed toward or away from that token?""", r"""
+On a token $y_t$ sampled from the student, the sampled reverse KL is the log-ratio
+
+$$k_t = \log \pi_s(y_t) - \log \pi_T(y_t) = -1.2 - (-0.5) = -0.7000 .$$
+
+*Toward or away (model answer).* **Toward.** The per-token OPD loss acts like a policy gradient with advantage
+$A_t = -k_t = \log \pi_T(y_t) - \log \pi_s(y_t) = +0.7$: the teacher finds the token more likely than the student
+does ($e^{-0.5} = 0.61$ against $e^{-1.2} = 0.30$), so descending the loss raises $\log \pi_s(y_t)$. The sign
+flipped ($+0.7$, teacher minus student) is rejected.""", '''
+logp_student, logp_teacher = -1.2, -0.5
+answer_1 = round(logp_student - logp_teacher, 4)
+advantage = -answer_1
+print("k_t:", answer_1, " advantage A_t = -k_t:", advantage, "->", "toward" if advantage > 0 else "away")''', '''
+assert exercise("ch05b", 1).accepts(answer_1)
+assert not exercise("ch05b", 1).accepts(logp_teacher - logp_student)  # sign flipped'''),
+    Key(2, r"""
+The exact reverse KL $\mathrm{KL}(\pi_s\|\pi_T)$ in nats for $\pi_s = (0.8, 0.2)$, $\pi_T = (0.5, 0.5)$ (3
+decimals, ±0.001).""", r"""
+The expectation is under the student:
+
+$$\mathrm{KL}(\pi_s \| \pi_T) = \sum_v \pi_s(v) \log\frac{\pi_s(v)}{\pi_T(v)}
+= 0.8 \ln 1.6 + 0.2 \ln 0.4 = 0.8 \cdot 0.47000 + 0.2 \cdot (-0.91629) = 0.37600 - 0.18326 = 0.19274
+\approx 0.193 .$$
+
+The forward KL $\mathrm{KL}(\pi_T \| \pi_s) = 0.5 \ln\frac{0.5}{0.8} + 0.5 \ln\frac{0.5}{0.2} = 0.223$ is the
+typical mistake.""", '''
+s, t = [0.8, 0.2], [0.5, 0.5]
+terms = [a * math.log(a / b) for a, b in zip(s, t)]
+answer_2 = sum(terms)
+forward = sum(b * math.log(b / a) for a, b in zip(s, t))
+print("terms:", terms, "reverse KL:", answer_2, " forward KL:", forward)''', '''
+assert exercise("ch05b", 2).accepts(answer_2)
+assert exercise("ch05b", 2).accepts(0.193)
+assert not exercise("ch05b", 2).accepts(forward)  # KL(teacher || student)'''),
+    Key(3, r"""
+A batch's rows have domains open, verifiable, open, open. With the kit's routes, which row indices does teacher
+`sft` score (a sorted list)?""", r"""
+The kit routes `verifiable` to the RL teacher and `open` to the SFT teacher (`mimo_kit.rl.mopd.ROUTES`). The open
+rows are 0, 2 and 3, so teacher `sft` scores $[0, 2, 3]$ and teacher `rl` row $[1]$; answering the RL teacher's
+rows is rejected.""", '''
+domains = ["open", "verifiable", "open", "open"]
+print("routes:", ROUTES)
+answer_3 = sorted(i for i, d in enumerate(domains) if ROUTES[d] == "sft")
+print(answer_3)''', '''
+assert exercise("ch05b", 3).accepts(answer_3)
+assert not exercise("ch05b", 3).accepts([i for i, d in enumerate(domains) if ROUTES[d] == "rl"])  # the RL teacher'''),
+])
+
+CH06 = Chapter("ch06_infrastructure", "ch06", "Chapter 6 · RL infrastructure", SETUP, [
+    Key(1, r"""
+Two sources with targets $B = (8, 8)$, acceptance rates $r = (0.5, 0.25)$, durations $t = (1, 4)$ and global
+oversampling ratio $\rho = 0.25$ ($\gamma = 1$). What are their budgets $b_i$, rounded to 2 decimals?""", r"""
+Demand: $m_i = B_i / r_i = (16, 32)$. The demand-weighted mean duration is
+$\bar t = \frac{16 \cdot 1 + 32 \cdot 4}{48} = 3$, so the growth terms are $g_i = (t_i / \bar t)^{\gamma} =
+(\tfrac13, \tfrac43)$. The common factor pins the demand-weighted mean of $p$ to $\rho$:
+
+$$c = \rho \frac{\sum_i m_i}{\sum_i m_i g_i} = 0.25 \cdot \frac{48}{16/3 + 128/3} = 0.25, \qquad
+p_i = c\, g_i = (\tfrac{1}{12}, \tfrac13).$$
+
+$$b_i = (1 + p_i)\, m_i = \big(\tfrac{13}{12} \cdot 16,\ \tfrac43 \cdot 32\big) = (17.33, 42.67).$$
+
+Over-sampling both sources by $\rho$ alike gives $(20, 40)$: rejected, the slow source must hedge more.""", '''
+B, r, t, rho, gamma = [8, 8], [0.5, 0.25], [1.0, 4.0], 0.25, 1.0
+m = [b / ri for b, ri in zip(B, r)]
+t_bar = sum(mi * ti for mi, ti in zip(m, t)) / sum(m)
+g = [(ti / t_bar) ** gamma for ti in t]
+c = rho * sum(m) / sum(mi * gi for mi, gi in zip(m, g))
+p = [c * gi for gi in g]
+budgets = [(1 + pi) * mi for pi, mi in zip(p, m)]
+print(f"m {m}  t_bar {t_bar}  g {g}  c {c}  p {p}  b {budgets}")
+answer_1 = [round(b, 2) for b in budgets]
+print(answer_1)''', '''
+assert exercise("ch06", 1).accepts(answer_1)
+assert exercise("ch06", 1).accepts(budgets)  # exact: 52/3, 128/3
+assert not exercise("ch06", 1).accepts([(1 + rho) * mi for mi in m])  # the same p for both sources'''),
+    Key(2, r"""
+A source has $B = 10$ targets, $A = 4$ accepted, acceptance rate $r = 0.5$. Its weight at $\alpha = 0.5$?""", r"""
+The gap-corrected scheduling weight mixes the static demand and the remaining gap, both per accepted group:
+
+$$w = \alpha \frac{B}{r} + (1 - \alpha) \frac{(B - A)^{+}}{r} = 0.5 \cdot \frac{10}{0.5} + 0.5 \cdot \frac{6}{0.5}
+= 10 + 6 = 16 .$$
+
+Forgetting to divide by $r$ gives 8.""", '''
+B, A, r, alpha = 10, 4, 0.5, 0.5
+static, gap = B / r, max(B - A, 0) / r
+answer_2 = alpha * static + (1 - alpha) * gap
+print("static", static, "gap", gap, "weight", answer_2)''', '''
+assert exercise("ch06", 2).accepts(answer_2)
+assert not exercise("ch06", 2).accepts(alpha * B + (1 - alpha) * (B - A))  # rates left out'''),
+    Key(3, r"""
+SGLang returns the top-4 tokens of a step with probabilities 0.6 (id 5), 0.25 (id 2), 0.1 (id 9), 0.05 (id 1). Which
+ids form the top-p 0.9 sampling set (a sorted list)?""", r"""
+Top-p keeps the most likely tokens until their cumulative probability reaches $p$: $0.6$ (id 5), $0.85$ (+ id 2),
+$0.95 \ge 0.9$ (+ id 9), so the set is $\{5, 2, 9\}$, sorted $[2, 5, 9]$. Stopping before the sum reaches 0.9
+($[2, 5]$) or giving the ids in probability order ($[5, 2, 9]$) is rejected.""", '''
+top = [(0.6, 5), (0.25, 2), (0.1, 9), (0.05, 1)]
+kept, total = [], 0.0
+for prob, token in sorted(top, reverse=True):
+    kept.append(token)
+    total += prob
+    print(f"id {token}: cumulative {total:.2f}")
+    if total >= 0.9:
+        break
+answer_3 = sorted(kept)
+print(answer_3)''', '''
+assert exercise("ch06", 3).accepts(answer_3)
+assert not exercise("ch06", 3).accepts([2, 5])  # stopped below 0.9
+assert not exercise("ch06", 3).accepts(kept)  # not sorted'''),
+])
+
+CH07 = Chapter("ch07_open_foundations", "ch07", "Chapter 7 · Open foundations", '''
+from mimo_kit.distill.qwen import qwen35_9b_parameters
+from mimo_kit.exercises import exercise''', [
+    Key(1, r"""
+Report §7: 77.4B tokens, 27.2B of them with loss. What share of the tokens carries loss? Give 3 decimals (checked
+to ±0.001).""", r"""
+$$\frac{27.2}{77.4} = 0.35142 \approx 0.351 .$$
+
+About a third: the rest are prompts, tool outputs and other context the student reads but is not trained to
+write. The complement ($0.649$) is rejected.""", '''
+answer_1 = round(27.2 / 77.4, 3)
+print(27.2 / 77.4, "->", answer_1)''', '''
+assert exercise("ch07", 1).accepts(answer_1)
+assert exercise("ch07", 1).accepts(27.2 / 77.4)  # unrounded
+assert not exercise("ch07", 1).accepts(round(1 - 27.2 / 77.4, 3))  # the share without loss'''),
+    Key(2, r"""
+Qwen3.5-9B's text model has the parameter count `qwen35_9b_parameters()["text"]`. How many GiB (2³⁰ bytes) do its
+weights take in bf16 (2 bytes each)? Give 2 decimals (±0.01).""", r"""
+The text model has $N = 8\,953\,803\,264$ parameters; in bf16
+
+$$\frac{2N}{2^{30}} = \frac{17\,907\,606\,528}{1\,073\,741\,824} = 16.678 \approx 16.68 \text{ GiB}.$$
+
+In decimal gigabytes it would be $17.91$ GB, which the checker rejects (the question asks for GiB).""", '''
+n = qwen35_9b_parameters()["text"]
+answer_2 = round(2 * n / 2**30, 2)
+print(f"{n:,} parameters, {2 * n:,} bytes, {2 * n / 2**30:.4f} GiB -> {answer_2}")''', '''
+assert exercise("ch07", 2).accepts(answer_2)
+assert not exercise("ch07", 2).accepts(round(2 * n / 1e9, 2))  # decimal GB'''),
+    Key(3, r"""
+One prompt's group has 4 completions with 10, 10, 20 and 40 trained tokens. Under the kit's prompt-mean aggregation
+(every prompt weighs the same; inside a prompt every token weighs the same, Report §5), what weight does one token
+of the 40-token completion get, for a batch of this one prompt? Give 5 decimals (±0.00001).""", r"""
+One prompt, so it weighs 1; its $10 + 10 + 20 + 40 = 80$ tokens share that weight equally:
+
+$$w = \frac{1}{1} \cdot \frac{1}{80} = 0.0125 .$$
+
+Sequence-mean (each completion $\frac14$, shared by its 40 tokens: $\frac{1}{160} = 0.00625$) is rejected.""", '''
+lengths = [10, 10, 20, 40]
+answer_3 = 1 / 1 / sum(lengths)
+print(sum(lengths), "tokens ->", answer_3)''', '''
+assert exercise("ch07", 3).accepts(answer_3)
+assert not exercise("ch07", 3).accepts(1 / len(lengths) / lengths[3])  # sequence-mean'''),
+])
+
+CHAPTERS = [CH01, CH02A, CH02B, CH03, CH04A, CH04B, CH04C, CH05A, CH05B, CH06, CH07]
+
+
+def build(chapters: list[Chapter] | None = None) -> list[Path]:
+    paths = []
+    for ch in chapters or CHAPTERS:
+        path = HERE / f"{ch.stem}_key.ipynb"
+        nbformat.write(_notebook(ch), path)
+        paths.append(path)
+    return paths
+
+
+if __name__ == "__main__":
+    for p in build():
+        print(p.relative_to(HERE.parent))
