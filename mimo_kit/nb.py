@@ -87,12 +87,23 @@ def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
 def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "experiment", report: str = "",
           measured: str = "", seeds: int = 0, agree: str = "", why: str = "", toy_limited: bool = False):
     """Display one claim of the report as this chapter tested it (chapter 8 collects these records)."""
-    from mimo_kit.claims import Claim, verdict_of
+    from mimo_kit.claims import MIN_SEEDS, Claim, verdict_of
 
+    if kind == "experiment" and seeds < MIN_SEEDS and quick_mode():
+        print(f"quick mode, {seeds} seed(s): {claim} ({measured}); judged in full mode over >= {MIN_SEEDS} seeds")
+        return None
     c = Claim(chapter=chapter, claim=claim, section=section, kind=kind, report=report, measured=measured,
               seeds=seeds, agree=agree, why=why, verdict=verdict_of(holds, toy_limited=toy_limited))
     _show_claims([c])
     return c
+
+
+def claim_agreement(chapter: str, agreement, text: str, section: str, *, report: str, why: str):
+    """A directional claim judged over seeds (an ``Agreement``: ``lower < higher`` per seed and on the means)."""
+    a = agreement
+    return claim(
+        chapter, text, section, holds=a.holds, report=report, seeds=a.n, agree=f"{a.agree} of {a.n}", why=why,
+        measured=f"{a.lower} {a.mean_lower:.4g} vs {a.higher} {a.mean_higher:.4g} (seed means)", toy_limited=True)
 
 
 def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:

@@ -1,0 +1,95 @@
+"""The exercise registry: every notebook exercise is registered and checked by it, and its checkers accept every
+correct rounding the exercise states while rejecting answers off by more than that."""
+
+import re
+
+import nbformat
+import pytest
+
+from mimo_kit.course import NOTEBOOK_DIR, notebooks
+from mimo_kit.exercises import EXERCISES, Exercise, _match, chapter_exercises, exercise
+
+
+def _calls(path) -> set[tuple[str, int]]:
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    return {(ch, int(n)) for ch, n in re.findall(r'exercise\("(\w+)", (\d+)\)\.check\(', text)}
+
+
+def test_every_notebook_exercise_is_registered_and_every_registered_one_is_asked():
+    asked = set()
+    for path in notebooks(NOTEBOOK_DIR):
+        nb = nbformat.read(path, as_version=4)
+        calls = _calls(path)
+        assert all(ch == path.stem.split("_")[0] for ch, _ in calls), (path.name, calls)
+        assert not [c for c in nb.cells if c.cell_type == "code" and "nb.check(" in c.source], path.name
+        asked |= calls
+    assert asked == set(EXERCISES)
+
+
+@pytest.mark.parametrize("key", sorted(EXERCISES), ids=[f"{c}-{n}" for c, n in sorted(EXERCISES)])
+def test_the_reference_is_accepted_and_a_clear_miss_is_not(key):
+    ex = EXERCISES[key]
+    ref = ex.reference()
+    assert ex.accepts(ref)
+
+    def off(x, by):  # one element moved by more than the tolerance allows
+        if isinstance(x, (list, tuple)):
+            return type(x)([off(x[0], by), *x[1:]]) if x else x
+        if isinstance(x, bool):
+            return not x
+        if isinstance(x, (int, float)):
+            return x + by
+        return str(x) + "?"
+
+    tol = ex.tol[0] if isinstance(ex.tol, tuple) else ex.tol
+    assert not ex.accepts(off(ref, 3 * (tol or 0) + 1))
+
+
+@pytest.mark.parametrize("key", [k for k, e in EXERCISES.items() if e.tol])
+def test_every_correct_rounding_of_the_exact_value_is_accepted(key):
+    """A value given at the stated rounding (either way at the last digit) passes when it is within a half unit."""
+    ex = EXERCISES[key]
+    ref = ex.reference()
+    tols = ex.tol if isinstance(ex.tol, tuple) else None
+
+    def shifted(x, t, sign):
+        if isinstance(x, (list, tuple)):
+            ts = tols or (t,) * len(x)
+            return type(x)(shifted(v, tt, sign) for v, tt in zip(x, ts))
+        return x + sign * 0.999 * t if isinstance(x, float) or (t and isinstance(x, int)) else x
+
+    t = ex.tol if not tols else None
+    assert ex.accepts(shifted(ref, t, +1)) and ex.accepts(shifted(ref, t, -1))
+
+
+def test_textbook_answers_the_notebooks_once_rejected_pass():
+    assert exercise("ch02b", 1).accepts(4.16114) and exercise("ch02b", 1).accepts(4.16)
+    assert exercise("ch04c", 1).accepts([1.1547, 0.5774])  # GRPO without the kit's ε
+    assert exercise("ch04c", 1).accepts([1.1545, 0.5773])  # with it
+    same_job = ["mimo-kit run scale-knobs names=[pro]", "mimo-kit run scale-knobs --preset tiny 'names=[pro]'"]
+    assert all(exercise("ch01", 3).accepts(line) for line in same_job)
+    assert not exercise("ch01", 3).accepts("mimo-kit run scale-knobs names=[tiny,pro]")
+    assert not exercise("ch01", 3).accepts("python train.py")
+
+
+def test_check_prints_the_form_and_a_verdict(capsys):
+    ex = exercise("ch02a", 3)
+    assert ex.check(None) is None and ex.check(ex.reference()) is True and ex.check(-1) is False
+    out = capsys.readouterr().out
+    assert out.count(ex.form) == 3 and "not answered yet" in out and "✓" in out and "✗" in out
+
+
+def test_unknown_exercises_are_named():
+    with pytest.raises(KeyError, match="known: \\[1, 2, 3\\]"):
+        exercise("ch02a", 9)
+    with pytest.raises(KeyError, match="chapters: ch01"):
+        exercise("ch99", 1)
+    assert [e.number for e in chapter_exercises("ch04c")] == [1, 2, 3, 4, 5]
+
+
+def test_match_compares_structure_and_tolerance():
+    assert _match([1.0, 2.0], [1.004, 2.0], 0.005) and not _match([1.0], [1.0, 2.0], 0.005)
+    assert _match((3, 112915), (3, 112916), (0, 1)) and not _match((4, 112915), (3, 112915), (0, 1))
+    assert not _match("a", "b", None) and _match(("x", "y"), ("x", "y"), None)
+    assert isinstance(EXERCISES[("ch01", 1)], Exercise)
