@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 STAMP  := $(VENV)/.mimo-kit-installed
 
-.PHONY: setup demo test lab notebooks results lint bench clean
+.PHONY: setup demo test lab notebooks slides results lint bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,10 @@ lab: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/mimo-kit notebooks
+
+# one reveal.js deck per chapter, from the committed notebooks as they are → runs/slides/<stem>.slides.html
+slides: $(STAMP)
+	$(BIN)/mimo-kit slides --out runs/slides
 
 # committed result files under data/ come only from here: the newest finished run of each publishing experiment
 results: $(STAMP)

@@ -1,6 +1,7 @@
 """``mimo-kit``: every experiment a notebook runs, runnable from a shell.
 
     mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
+    mimo-kit slides                                  # a reveal.js deck per chapter → runs/slides/
     mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/
     mimo-kit launch rl --nnodes 2 --nproc-per-node 8 --dry-run   # torchrun / sbatch / Ray job of one YAML
     mimo-kit results                                 # publish the newest runs into the committed data/ files
@@ -157,6 +158,17 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_slides(args: argparse.Namespace) -> int:
+    from mimo_kit.course import NOTEBOOK_DIR
+    from mimo_kit.slides import write_slides
+
+    decks = write_slides(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), only=args.only,
+                         reveal_prefix=args.reveal_prefix)
+    for path in decks:
+        print(f"wrote {path}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from mimo_kit.infra.plan import PlanConfig, describe_plan, plan_memory, plan_rows
     from mimo_kit.nb import markdown_table
@@ -251,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("notebooks", help="re-execute notebooks in place (committed outputs, tiny preset)")
     n.add_argument("--only", help="only notebooks whose name contains this")
     n.set_defaults(fn=cmd_notebooks)
+
+    sl = sub.add_parser("slides", help="one reveal.js deck per committed chapter notebook (not executed)")
+    sl.add_argument("--out", default="runs/slides")
+    sl.add_argument("--notebooks", help="folder of chapter notebooks (default: the kit's notebooks/)")
+    sl.add_argument("--only", help="only notebooks whose name contains this")
+    sl.add_argument("--reveal-prefix", default="https://unpkg.com/reveal.js@4.0.2",
+                    help="where the decks load reveal.js from: a URL or a folder relative to the deck")
+    sl.set_defaults(fn=cmd_slides)
 
     pl = sub.add_parser("plan", help="GPU memory per item of one training step: does it fit?")
     pl.add_argument("--preset", default="flash", help="model: tiny, small, flash, pro or qwen3.5-9b (default flash)")
