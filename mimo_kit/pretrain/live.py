@@ -19,8 +19,11 @@ class LiveLossPlot:
         from mimo_kit import viz
 
         if self.fig is None:
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+
             self.fig, self.ax = plt.subplots()
             plt.close(self.fig)  # displayed through the handle only
+            FigureCanvasAgg(self.fig)  # closing may leave a bare canvas, which cannot measure tick labels
         self.ax.clear()
         viz.curves({"train": (log["tokens"], log["loss"])}, smoothing=0.8 if len(log["loss"]) > 5 else 0.0,
                    title=self.title, xlabel="tokens", ylabel="loss (nats/token)", ax=self.ax)
