@@ -319,7 +319,8 @@ def bench_compare(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> 
         rows.append(Row(f"prefill {T} tok, {name}", tokens=T, flop=flop, seconds=statistics.median(times),
                         samples=len(times), peak_bytes=peak_memory(device), note="weights shared by both models"))
     if len(rows) == 2 and rows[0].seconds and rows[1].seconds:
-        rows[1].note = f"kit is {rows[1].seconds / rows[0].seconds:.2f}× faster; {agree}"
+        speed = rows[1].seconds / rows[0].seconds  # reference time ÷ kit time: > 1 means the kit is faster
+        rows[1].note = f"kit speed {speed:.2f}× the reference ({'faster' if speed > 1 else 'slower'}); {agree}"
     return rows
 
 
