@@ -559,7 +559,7 @@ $$q = 1 - p^{G} - (1 - p)^{G} = 1 - 0.9^{8} - 0.1^{8} = 1 - 0.430467 - 10^{-8} =
 
 On average $64 / q = 112.4$, so 113 prompts fill the batch only about half the time. With 90% confidence we need
 the smallest $n$ with $P(\mathrm{Binomial}(n, q) \ge 64) \ge 0.9$; summing the binomial tail gives
-$P = 0.888$ at $n = 123$ and $0.904$ at $n = 124$, so **124** prompts. The mean-based 113 is rejected.""", '''
+$P = 0.883$ at $n = 123$ and $0.901$ at $n = 124$, so **124** prompts. The mean-based 113 is rejected.""", '''
 p, G, B, conf = 0.9, 8, 64, 0.9
 q = 1 - p**G - (1 - p) ** G
 

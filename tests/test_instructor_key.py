@@ -1,7 +1,9 @@
 """The instructor key (``instructor/``): a key cell for every registered exercise, each key notebook runs top to
 bottom (so the registry accepts every hand derivation in it), and no key reads the kit's own reference answers."""
 
+import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -44,6 +46,21 @@ def test_key_never_reads_the_reference(path):
 def test_key_is_committed_without_outputs(path):
     nb = nbformat.read(path, as_version=4)
     assert all(not c.outputs and c.execution_count is None for c in nb.cells if c.cell_type == "code")
+
+
+def test_keys_match_their_builder():
+    """The notebooks are what ``instructor/build_keys.py`` writes: edit a derivation there, then rebuild."""
+    spec = importlib.util.spec_from_file_location("build_keys", KEY_DIR / "build_keys.py")
+    builder = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = builder  # dataclasses look their module up there
+    try:
+        spec.loader.exec_module(builder)
+    finally:
+        del sys.modules[spec.name]
+    for ch in builder.CHAPTERS:
+        built = nbformat.writes(builder._notebook(ch))
+        path = KEY_DIR / f"{ch.stem}_key.ipynb"
+        assert built.rstrip() == path.read_text().rstrip(), f"{path.name}: run `python instructor/build_keys.py`"
 
 
 @pytest.mark.notebook
