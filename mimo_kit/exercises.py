@@ -11,7 +11,9 @@ True
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 from typing import Any
@@ -30,6 +32,11 @@ _SOLUTIONS = {
     "ch06": "mimo_kit.infra.exercises",
     "ch07": "mimo_kit.distill.exercises",
 }
+
+
+@functools.cache
+def _reference(chapter: str, index: int) -> Any:
+    return importlib.import_module(_SOLUTIONS[chapter]).solution(index)
 
 
 def _run_target(answer: Any) -> Any:
@@ -64,9 +71,9 @@ class Exercise:
         return f"{self.chapter} exercise {self.number}"
 
     def reference(self) -> Any:
-        """The kit's reference answer, computed by the kit's own functions."""
-        module = importlib.import_module(_SOLUTIONS[self.chapter])
-        return module.solution(self.solution_index or self.number)
+        """The kit's reference answer, computed by the kit's own functions (once per process: some run the hack
+        suite or build a sanitizer target)."""
+        return copy.deepcopy(_reference(self.chapter, self.solution_index or self.number))
 
     def accepts(self, answer: Any) -> bool:
         ref = self.reference()
