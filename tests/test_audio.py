@@ -2,6 +2,7 @@
 
 import math
 
+import matplotlib.pyplot as plt
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from mimo_kit.model.audio import (
     ResidualVQ,
     log_mel,
     mel_filterbank,
+    plot_error_curve,
     rvq_error_curve,
     synthetic_audio,
     token_rates,
@@ -149,3 +151,10 @@ def test_padded_and_masked_frames_do_not_matter():
 def test_bad_audio_configs_name_the_field(overrides, field):
     with pytest.raises(ConfigError, match=field):
         AudioConfig.preset("tiny", **overrides)
+
+
+def test_error_curve_figure_draws_one_line_per_curve():
+    ax = plot_error_curve({"fit": [1.0, 0.3, 0.1], "held out": [1.0, 0.5, 0.3]})
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[1.0, 0.3, 0.1], [1.0, 0.5, 0.3]]
+    assert ax.get_yscale() == "log"
+    plt.close(ax.figure)
