@@ -46,13 +46,14 @@ def _system_browser() -> tuple[str, str]:
     driver = shutil.which("chromedriver") or next(
         (p for p in ("/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver") if os.access(p, os.X_OK)), None)
     missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path]
+    hints = ["`apt-get install chromium chromium-driver`"] if missing else []
     try:
         import selenium  # noqa: F401
     except ImportError:
-        missing.append("selenium (the `dev` extra)")
+        missing.append("selenium")
+        hints.append("`pip install -e .[dev]`")
     if missing:
-        reason = (f"browser test needs {', '.join(missing)}; install with "
-                  "`apt-get install chromium chromium-driver` and `pip install -e .[dev]`")
+        reason = f"browser test needs {', '.join(missing)}; install with {' and '.join(hints)}"
         if os.environ.get("CI"):
             pytest.fail(f"CI is set: {reason}")
         pytest.skip(reason)
@@ -132,6 +133,9 @@ def test_chapter_runs_all_cells_in_jupyterlab(browser_lab):
         "return window.jupyterapp.shell.currentWidget.node.querySelectorAll('.jp-OutputArea-output').length")
     assert rendered >= n_code // 2, f"only {rendered} rendered outputs for {n_code} code cells"
 
+    # the screenshot shows the first figure the run drew, or the end of the notebook
+    driver.execute_script("const img = window.jupyterapp.shell.currentWidget.node.querySelector("
+                          "'.jp-RenderedImage img'); if (img) { img.scrollIntoView({block: 'center'}); }")
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     assert driver.save_screenshot(str(SCREENSHOT)), f"could not write {SCREENSHOT}"
 
