@@ -99,10 +99,13 @@ def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "e
 
 
 def claim_agreement(chapter: str, agreement, text: str, section: str, *, report: str, why: str):
-    """A directional claim judged over seeds (an ``Agreement``: ``lower < higher`` per seed and on the means)."""
+    """A directional claim judged over seeds (an ``Agreement``: ``lower < higher`` per seed and on the means).
+
+    It holds when the direction holds on the seed means *and* on every seed; on the means alone it is within the
+    seed-to-seed spread, so the verdict is "not shown at toy scale"."""
     a = agreement
     return claim(
-        chapter, text, section, holds=a.holds, report=report, seeds=a.n, agree=f"{a.agree} of {a.n}", why=why,
+        chapter, text, section, holds=a.holds and a.unanimous, report=report, seeds=a.n, agree=f"{a.agree} of {a.n}", why=why,
         measured=f"{a.lower} {a.mean_lower:.4g} vs {a.higher} {a.mean_higher:.4g} (seed means)", toy_limited=True)
 
 
