@@ -51,6 +51,11 @@ def _run_target(answer: Any) -> Any:
         return ("not a runnable line", answer)
 
 
+def _stripped(answer: Any) -> Any:
+    """A tool's output pasted with its newline is the same answer."""
+    return answer.strip() if isinstance(answer, str) else answer
+
+
 @dataclasses.dataclass(frozen=True)
 class Exercise:
     """One exercise: where its reference comes from, the answer's form, and how close an answer must be.
@@ -136,7 +141,8 @@ _ALL = [
     Exercise("ch04c", 4, "a loss to 4 decimals, ±0.0005", tol=0.0005),
     Exercise("ch04c", 5, "an integer number of prompts"),
     Exercise("ch05a", 1, "an integer", solution_index=3),
-    Exercise("ch05a", 2, 'a string like "2:+5"', solution_index=4),
+    Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)', solution_index=4,
+             normalise=_stripped),
     Exercise("ch05b", 1, "k_t to 4 decimals, ±0.0001", tol=0.0001),
     Exercise("ch05b", 2, "nats to 3 decimals, ±0.001", tol=0.001),
     Exercise("ch05b", 3, "a sorted list of row indices"),

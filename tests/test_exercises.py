@@ -93,3 +93,7 @@ def test_match_compares_structure_and_tolerance():
     assert _match((3, 112915), (3, 112916), (0, 1)) and not _match((4, 112915), (3, 112915), (0, 1))
     assert not _match("a", "b", None) and _match(("x", "y"), ("x", "y"), None)
     assert isinstance(EXERCISES[("ch01", 1)], Exercise)
+
+
+def test_a_pasted_tool_output_keeps_its_newline_and_still_passes():
+    assert exercise("ch05a", 2).accepts("2:+5\n") and not exercise("ch05a", 2).accepts("2:+6")
