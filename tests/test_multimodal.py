@@ -92,3 +92,35 @@ def test_placeholder_mismatches_raise_clear_errors():
         MultimodalConfig.preset("tiny", image_token_id=600)
     with pytest.raises(ConfigError, match="audio.out_size"):
         MultimodalConfig.preset("tiny", **{"audio.out_size": 32})
+
+
+# ---- inputs_embeds ----------------------------------------------------------------------------------------------
+def test_inputs_embeds_equals_input_ids_and_exactly_one_is_required():
+    dec = build().decoder.eval()
+    ids = torch.randint(0, 500, (2, 11), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = dec(ids, output_hidden_states=True)
+        got = dec(inputs_embeds=dec.embed(ids), output_hidden_states=True)
+        torch.testing.assert_close(got.logits, ref.logits, rtol=0, atol=0)
+        torch.testing.assert_close(got.hidden_states[-1], ref.hidden_states[-1], rtol=0, atol=0)
+        cache_a, cache_b = dec.new_cache(), dec.new_cache()  # with a cache: prefill, then one more token
+        dec(ids[:, :7], cache_a)
+        dec(inputs_embeds=dec.embed(ids[:, :7]), cache=cache_b)
+        torch.testing.assert_close(dec(inputs_embeds=dec.embed(ids[:, 7:]), cache=cache_b).logits,
+                                   dec(ids[:, 7:], cache_a).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds, got both"):
+        dec(ids, inputs_embeds=dec.embed(ids))
+    with pytest.raises(ValueError, match="got neither"):
+        dec()
+    with pytest.raises(ValueError, match="inputs_embeds: expected \\[batch, seq, 64\\]"):
+        dec(inputs_embeds=torch.zeros(2, 5, 32))
+
+
+def test_the_multimodal_forward_is_the_decoder_on_merged_embeddings():
+    m = build().eval()
+    ids, images, codes = batch(m, [[7, 8]])
+    with torch.no_grad():
+        merged = m.replace(ids, m.decoder.embed(ids), m.encode_media(images, codes))
+        torch.testing.assert_close(m(ids, images, codes).logits, m.decoder(inputs_embeds=merged).logits,
+                                   rtol=0, atol=0)
+    assert not m.decoder.model.embed_tokens._forward_hooks  # no hook left behind

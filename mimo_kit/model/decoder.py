@@ -123,22 +123,42 @@ class MiMoForCausalLM(nn.Module):
             return cls(cfg)
 
     # ---- forward --------------------------------------------------------------------------------------------
-    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, *, output_hidden_states: bool = False,
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids [B, L] → token embeddings [B, L, hidden] (the ``inputs_embeds`` of a text-only forward)."""
+        return self.model.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None = None, cache: KVCache | None = None, *,
+                inputs_embeds: torch.Tensor | None = None, output_hidden_states: bool = False,
                 logits_to_keep: int = 0) -> CausalLMOutput:
-        """input_ids [B, L] continuing ``cache`` (if given) → logits [B, L, vocab] (last ``logits_to_keep``)."""
-        if input_ids.dim() != 2:
+        """input_ids [B, L] (or ``inputs_embeds`` [B, L, hidden], exactly one of the two) continuing ``cache``
+        (if given) → logits [B, L, vocab] (last ``logits_to_keep``).
+
+        ``inputs_embeds`` replaces the embedding lookup, as in transformers: a multimodal model writes encoder
+        outputs at its placeholder positions (Report §2.2–2.3) and the rest of the forward is the text one.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("forward: pass exactly one of input_ids and inputs_embeds, got "
+                             + ("both" if input_ids is not None else "neither"))
+        if inputs_embeds is not None:
+            if inputs_embeds.dim() != 3 or inputs_embeds.shape[-1] != self.config.hidden_size:
+                raise ValueError(f"inputs_embeds: expected [batch, seq, {self.config.hidden_size}], got shape "
+                                 f"{tuple(inputs_embeds.shape)}")
+            B, L = inputs_embeds.shape[:2]
+        elif input_ids.dim() != 2:
             raise ValueError(f"input_ids: expected [batch, seq], got shape {tuple(input_ids.shape)}")
-        B, L = input_ids.shape
+        else:
+            B, L = input_ids.shape
         start = cache.seq_len if cache is not None else 0
         if start + L > self.config.max_position_embeddings:
             raise ValueError(f"positions {start}..{start + L - 1} exceed max_position_embeddings="
                              f"{self.config.max_position_embeddings}")
-        if L and (int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0):
+        if input_ids is not None and L and (int(input_ids.max()) >= self.config.vocab_size
+                                            or int(input_ids.min()) < 0):
             raise ValueError(f"input_ids: token ids must lie in 0..{self.config.vocab_size - 1}, got "
                              f"{int(input_ids.min())}..{int(input_ids.max())}")
         m = self.model
-        x = m.embed_tokens(input_ids)
-        pos = torch.arange(start, start + L, device=input_ids.device)
+        x = m.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        pos = torch.arange(start, start + L, device=x.device)
         rope = {FULL: rope_cos_sin(m.ga_inv_freq, pos, x.dtype), SLIDING: rope_cos_sin(m.swa_inv_freq, pos, x.dtype)}
         hidden = []
         for i, layer in enumerate(m.layers):

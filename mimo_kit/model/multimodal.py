@@ -8,17 +8,15 @@ positions are replaced, in order, by the encoders' outputs projected to the deco
     e_t = W_v · norm(v_k)     at the k-th ``<image>`` position of the row (v: ViT patches in row-major order)
     e_t = a_k                 at the k-th ``<audio>`` position (a: patch encoder outputs, already of width hidden)
 
-The kit decoder (:class:`mimo_kit.model.MiMoForCausalLM`) takes ``input_ids`` only, no ``inputs_embeds``. The
-replacement is therefore a forward hook on its embedding module for the duration of one call: the decoder's
-forward is the one text uses (its checks, RoPE, layers, norm, head), and with no media the output is bit-equal to
-``decoder(input_ids)``. An ``inputs_embeds`` argument on the decoder would make the hook unnecessary.
+The merged embeddings enter the decoder as ``inputs_embeds`` (:meth:`mimo_kit.model.MiMoForCausalLM.forward`,
+exactly one of ``input_ids`` / ``inputs_embeds``, as in transformers): the rest of the forward is the one text
+uses (RoPE, layers, norm, head), and with no media ``decoder(inputs_embeds=decoder.embed(ids))`` is bit-equal to
+``decoder(ids)``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -116,22 +114,15 @@ class MiMoMultimodal(nn.Module):
             embeds = embeds.masked_scatter(slots[..., None], feats[valid].to(embeds.dtype))
         return embeds
 
-    @contextlib.contextmanager
-    def _embedding_replaced(self, input_ids, media) -> Iterator[None]:
-        handle = self.decoder.model.embed_tokens.register_forward_hook(
-            lambda module, args, out: self.replace(input_ids, out, media))
-        try:
-            yield
-        finally:
-            handle.remove()
-
     # ---- forward and loss -----------------------------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, images: torch.Tensor | None = None,
                 audio_codes: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None) -> CausalLMOutput:
         """input_ids [B, L], images [B, C, H, W], audio_codes [B, T, levels] → logits [B, L, vocab]."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected [batch, seq], got shape {tuple(input_ids.shape)}")
         media = self.encode_media(images, audio_codes, audio_mask)
-        with self._embedding_replaced(input_ids, media):
-            return self.decoder(input_ids)
+        embeds = self.decoder.embed(input_ids)
+        return self.decoder(inputs_embeds=self.replace(input_ids, embeds, media))
 
     def loss(self, input_ids: torch.Tensor, images: torch.Tensor | None = None,
              audio_codes: torch.Tensor | None = None, audio_mask: torch.Tensor | None = None,
