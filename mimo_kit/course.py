@@ -203,10 +203,29 @@ def decorate(body: str, links: PageLinks) -> str:
     return body[:tail] + _nav_html(links, "bottom") + body[tail:]
 
 
-def _html(nb: nbformat.NotebookNode, links: PageLinks | None = None) -> str:
+#: MathJax 2's entry point and configuration as nbconvert's templates load it.
+MATHJAX_ENTRY = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the configs the package ships
+
+
+def local_mathjax(out: Path) -> Path:
+    """Copy MathJax (from the ``jupyter-server-mathjax`` package) to ``out/mathjax`` once, so the pages typeset their
+    equations without a network; returns the folder. nbconvert's default loads MathJax from a CDN."""
+    import shutil
+
+    import jupyter_server_mathjax
+
+    target = Path(out) / "mathjax"
+    if not (target / "MathJax.js").exists():
+        shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", target, dirs_exist_ok=True)
+    return target
+
+
+def _html(nb: nbformat.NotebookNode, links: PageLinks | None = None, mathjax_url: str | None = None) -> str:
+    """The lab-template page of ``nb``; ``mathjax_url`` (relative to the page) points at a local MathJax."""
     from nbconvert import HTMLExporter
 
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    exporter = HTMLExporter(template_name="lab", **({"mathjax_url": mathjax_url} if mathjax_url else {}))
+    body, _ = exporter.from_notebook_node(nb)
     return body if links is None else decorate(body, links)
 
 
@@ -224,7 +243,8 @@ def write_committed(paths: list[Path], out: Path) -> list[Path]:
         note = (f"Committed full-mode outputs (quick mode off, as <code>make notebooks</code> wrote them), "
                 f'shown as committed. The quick run of this chapter: <a href="../{stems[i]}.html">here</a>.')
         page = folder / f"{path.stem}.html"
-        page.write_text(_html(nbformat.read(path, as_version=4), PageLinks("../index.html", prev, nxt, note=note)))
+        page.write_text(_html(nbformat.read(path, as_version=4), PageLinks("../index.html", prev, nxt, note=note),
+                              mathjax_url=f"../mathjax/{MATHJAX_ENTRY}"))
         written.append(page)
     return written
 
@@ -242,6 +262,7 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = [p for p in notebooks(directory) if only is None or only in p.stem]
     stems = [p.stem for p in paths]
+    local_mathjax(out)
     if quick:
         write_committed(paths, out)
     runs = []
@@ -258,7 +279,7 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
         nbformat.write(nb, out / f"{path.stem}.ipynb")
         prev, nxt = _neighbours(stems, i)
         links = PageLinks("index.html", prev, nxt, banner=f"committed/{path.stem}.html" if quick else None)
-        (out / f"{path.stem}.html").write_text(_html(nb, links))
+        (out / f"{path.stem}.html").write_text(_html(nb, links, mathjax_url=f"mathjax/{MATHJAX_ENTRY}"))
         figures = extract_figures(nb, out / "figures", path.stem)
         runs.append(ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures))
     write_index(runs, out, quick=quick, preset=preset)

@@ -21,10 +21,11 @@ so a deck has ``2 × slides + extra sub-slides`` ``<section>`` tags (:func:`expe
 scroll (``reveal_scroll``).
 
 Where reveal.js comes from. By default the deck loads reveal.js from a CDN
-(``https://unpkg.com/reveal.js@4.0.2``), and require.js, jQuery and MathJax from cdnjs: fine in a browser that is
+(``https://unpkg.com/reveal.js@4.0.2``) and require.js and jQuery from cdnjs: fine in a browser that is
 online. For a room without internet, unpack a reveal.js 4 release next to the decks and pass
-``--reveal-prefix reveal.js`` (a folder relative to the deck, or any URL); require.js, jQuery and MathJax still come
-from cdnjs, so offline the slides show without maths typesetting.
+``--reveal-prefix reveal.js`` (a folder relative to the deck, or any URL); require.js and jQuery still come from
+cdnjs. MathJax is local: :func:`mimo_kit.course.local_mathjax` copies it beside the decks (``<out>/mathjax``), so
+the equations are typeset offline.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import nbformat
 
-from mimo_kit.course import NOTEBOOK_DIR, notebooks
+from mimo_kit.course import MATHJAX_ENTRY, NOTEBOOK_DIR, local_mathjax, notebooks
 
 #: A code cell with more source lines than this (and no figure) is shown as a fragment.
 LONG_CODE_LINES = 15
@@ -94,11 +95,14 @@ def expected_sections(nb: nbformat.NotebookNode) -> int:
     return 2 * slides + sum(k == "subslide" for k in kinds[1:])
 
 
-def deck_html(nb: nbformat.NotebookNode, *, reveal_prefix: str = DEFAULT_REVEAL_PREFIX) -> str:
-    """The reveal.js deck of ``nb`` (marked by :func:`mark_slides`) as one HTML page."""
+def deck_html(nb: nbformat.NotebookNode, *, reveal_prefix: str = DEFAULT_REVEAL_PREFIX,
+              mathjax_url: str | None = None) -> str:
+    """The reveal.js deck of ``nb`` (marked by :func:`mark_slides`) as one HTML page; ``mathjax_url`` (relative to
+    the deck) points at a local MathJax."""
     from nbconvert import SlidesExporter
 
-    exporter = SlidesExporter(reveal_url_prefix=reveal_prefix, reveal_scroll=True)
+    exporter = SlidesExporter(reveal_url_prefix=reveal_prefix, reveal_scroll=True,
+                              **({"mathjax_url": mathjax_url} if mathjax_url else {}))
     body, _ = exporter.from_notebook_node(mark_slides(nb))
     return body
 
@@ -112,9 +116,11 @@ def write_slides(out_dir: Path | str = "runs/slides", *, directory: Path = NOTEB
         raise FileNotFoundError(f"write_slides: no notebook in {directory} matches only={only!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    local_mathjax(out)
     written = []
     for path in paths:
         target = out / f"{path.stem}.slides.html"
-        target.write_text(deck_html(nbformat.read(path, as_version=4), reveal_prefix=reveal_prefix))
+        target.write_text(deck_html(nbformat.read(path, as_version=4), reveal_prefix=reveal_prefix,
+                                    mathjax_url=f"mathjax/{MATHJAX_ENTRY}"))
         written.append(target)
     return written

@@ -155,3 +155,18 @@ def with_sft(out, sft_file) -> None:
     Path(out).mkdir(parents=True, exist_ok=True)
     if not (Path(out) / "sft.pt").exists():
         shutil.copy(sft_file, Path(out) / "sft.pt")
+
+
+@pytest.fixture
+def assert_local_mathjax():
+    """Check that an HTML page loads MathJax from a folder beside it holding MathJax and the config it asks for."""
+    import re
+
+    def check(page: str, folder) -> None:
+        (src,) = re.findall(r'<script src="([^"]*MathJax\.js[^"]*)"', page)
+        path, config = src.split("?config=")
+        assert not src.startswith("http") and (folder / path).is_file(), src
+        for name in config.split(","):
+            assert (folder / path).parent.joinpath("config", f"{name}.js").is_file(), name
+
+    return check

@@ -76,7 +76,7 @@ def _hrefs(page, cls):
     return re.findall(r'<a href="([^"]+)">([^<]+)</a>', block.group(1))
 
 
-def test_course_pages_navigation_toc_and_quick_banner(tmp_path):
+def test_course_pages_navigation_toc_and_quick_banner(tmp_path, assert_local_mathjax):
     src = tmp_path / "nbs"
     src.mkdir()
     stems = ["ch01_a", "ch02_b", "ch03_c"]
@@ -106,6 +106,8 @@ def test_course_pages_navigation_toc_and_quick_banner(tmp_path):
         assert f"committed full output of {stem}" in committed and QUICK_BANNER not in committed
         assert [h for h, _ in _hrefs(committed, "mk-nav-top")][-1] == (f"{stems[i + 1]}.html" if i < 2 else
                                                                         "../index.html")
+    assert_local_mathjax((out / "ch01_a.html").read_text(), out)
+    assert_local_mathjax((out / "committed" / "ch01_a.html").read_text(), out / "committed")
     index = (out / "index.html").read_text()
     assert QUICK_BANNER in index
     for stem in stems:

@@ -57,13 +57,14 @@ def test_own_slide_type_is_checked():
         slides.slide_type_for(cell)
 
 
-def test_cli_writes_one_deck_for_a_committed_chapter(tmp_path, capsys):
+def test_cli_writes_one_deck_for_a_committed_chapter(tmp_path, capsys, assert_local_mathjax):
     (path,) = [p for p in notebooks() if "ch04c" in p.stem]
     before = path.read_bytes()
     assert main(["slides", "--out", str(tmp_path), "--only", "ch04c"]) == 0
-    decks = sorted(tmp_path.iterdir())
+    decks = sorted(tmp_path.glob("*.slides.html"))
     assert [d.name for d in decks] == [f"{path.stem}.slides.html"] and str(decks[0]) in capsys.readouterr().out
     deck = decks[0].read_text()
+    assert_local_mathjax(deck, tmp_path)
     nb = nbformat.read(path, as_version=4)
     has_images = any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
     assert has_images and "<img" in deck
