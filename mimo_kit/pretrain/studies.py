@@ -28,8 +28,8 @@ from mimo_kit.pretrain.config import PretrainConfig
 from mimo_kit.pretrain.loop import Trainer
 
 #: The tiny preset of every study: 200 steps of 8 × 64 tokens (102K tokens per run) take the AdamW model from
-#: ln 512 = 6.24 to ~3.9 nats/token, far below uniform, in ~15 s of one CPU thread; 3 seeds of the optimiser
-#: comparison (Muon's bf16 Newton–Schulz dominates) fit in ~10 minutes.
+#: ln 512 = 6.24 to ~3.9 nats/token, far below uniform, in ~15 s of one idle CPU thread; 3 seeds of the optimiser
+#: comparison (Muon's bf16 Newton–Schulz dominates) take ~10 minutes on one idle thread, ~30 on a busy 2-core box.
 TINY_STUDY = {"pretrain": {"steps": 200, "batch": 8, "seq_len": 64, "eval_every": 25}}
 #: log fields the studies keep per seed (the published JSON stays small)
 KEPT = ("step", "seconds", "opt_seconds", "loss", "val_step", "val_loss")
