@@ -23,8 +23,9 @@ Definitions the kit chooses (the report publishes none of them):
 - **Positions.** Learned factorised embeddings, one per grid row plus one per grid column, added after the patch
   embedding (the report does not say how MiMo-ViT encodes positions).
 
-Attention is computed densely with a boolean mask (scores [B, H, L, L]): fine at toy scale; the report-shaped
-config is built on the meta device only (:func:`vit_parameter_count`).
+Attention is computed densely (PyTorch's ``scaled_dot_product_attention`` with the mask and the sink as an additive
+bias over [B, H, L, L + 1]): fine at toy scale, but it costs every variant L² scores whatever its window; the
+report-shaped config is built on the meta device only (:func:`vit_parameter_count`).
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ import dataclasses
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.model.attention import sink_attention
 from mimo_kit.model.decoder import DenseMLP, RMSNorm
 
 ROW, COLUMN, GLOBAL, TILE = "row", "column", "global", "tile"
@@ -160,15 +161,33 @@ class EncoderAttention(nn.Module):
         self.o_proj = nn.Linear(hidden, hidden, bias=False)
 
     def forward(self, x: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
-        """x [B, L, hidden]; allowed bool broadcastable to [B, H, 1, L, L] (None = all) → [B, L, hidden]."""
+        """x [B, L, hidden]; allowed bool broadcastable to [B, H, 1, L, L] (None = all) → [B, L, hidden].
+
+        The sink softmax of :func:`mimo_kit.model.attention.sink_attention`, computed by PyTorch's fused
+        ``scaled_dot_product_attention``: the sink is one extra key whose score is the bias s_h and whose key and
+        value are zero, so it takes e^(s_h) of the denominator and adds nothing to the output; a disallowed key
+        gets the most negative finite bias (weight exactly 0; a row with no allowed key would be uniform, as in
+        ``sink_attention``).
+        """
         B, L, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(B, L, H, D).transpose(1, 2)[:, :, None]  # [B, H, 1, L, D]: KV = H, G = 1
-        k = self.k_proj(x).view(B, L, H, D).transpose(1, 2)  # [B, H, L, D]
+        q = self.q_proj(x).view(B, L, H, D).transpose(1, 2)  # [B, H, L, D]
+        k = self.k_proj(x).view(B, L, H, D).transpose(1, 2)
         v = self.v_proj(x).view(B, L, H, D).transpose(1, 2)
-        sinks = self.sinks.view(H, 1) if self.sinks is not None else None
-        out = sink_attention(q, k, v, allowed, sinks, self.scale)  # [B, H, 1, L, D]
-        return self.o_proj(out[:, :, 0].transpose(1, 2).reshape(B, L, H * D))
+        bias = None
+        if allowed is not None:
+            allowed = allowed[:, :, 0] if allowed.dim() == 5 else allowed  # drop the decoder's group axis
+            bias = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~allowed, torch.finfo(q.dtype).min)
+        if self.sinks is not None:
+            bias = torch.zeros((), dtype=q.dtype, device=q.device) if bias is None else bias
+            bias = torch.broadcast_to(bias, (*torch.broadcast_shapes(bias.shape[:-2], (B, H)), L, L))
+            sink = self.sinks.to(q.dtype).view(H, 1, 1).expand(*bias.shape[:-1], 1)
+            bias = torch.cat([bias, sink], dim=-1)  # [B, H, L, L + 1]
+            zero = q.new_zeros(B, H, 1, D)
+            k, v = torch.cat([k, zero], dim=2), torch.cat([v, zero], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=self.scale)  # [B, H, L, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, H * D))
 
 
 class EncoderBlock(nn.Module):
