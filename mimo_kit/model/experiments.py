@@ -69,3 +69,6 @@ def hybrid_vs_global(cfg: HybridSeedsConfig) -> dict:
     """Train the hybrid SWA/GA model and an all-GA twin on the same toy corpus, once per seed: final validation
     loss and wall-clock, mean ± sd over seeds."""
     return run_hybrid_seeds(cfg)
+
+
+from mimo_kit.model import encoder_experiments  # noqa: E402,F401 - registers chapter 2c's vit-windows, rvq-levels
