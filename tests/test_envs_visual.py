@@ -62,3 +62,40 @@ def test_visual_episode_through_the_harness():
                                           render_call("fenced", "bash", {"command": cmd}),
                                           render_call("fenced", "submit", {})]), env, "mini-bash").sequences[0]
     assert seq.reward == 1.0, seq.metadata["grade"]
+
+
+# ---- the image path into the multimodal model -------------------------------------------------------------------
+def test_a_visual_task_runs_through_the_tiny_multimodal_model():
+    import torch
+
+    from mimo_kit.envs.visual import task_image, visual_prompt
+    from mimo_kit.model import MiMoMultimodal, MultimodalConfig
+
+    flag = TASKS["replicate-flag"]  # 60 × 40: blue, white, red stripes
+    img = task_image(flag, size=16)
+    assert img.shape == (1, 3, 16, 16) and 0.0 <= float(img.min()) and float(img.max()) <= 1.0
+    mid = img[0, :, 8]  # the middle row: white letterbox above and below, stripes across
+    assert mid[2, 1] > 0.5 > mid[0, 1] and mid[0, 14] > 0.5 > mid[2, 14]  # blue left, red right
+    assert torch.equal(img, task_image(flag, size=16))  # deterministic
+    open_task = next(t for t in TASKS.values() if t.kind == "open")
+    assert torch.equal(task_image(open_task), torch.ones(1, 3, 16, 16))  # no picture: a blank white canvas
+    assert not torch.equal(task_image(open_task, LIGHT), task_image(open_task))  # an agent's drawing
+
+    torch.manual_seed(0)
+    model = MiMoMultimodal(MultimodalConfig.preset("tiny")).eval()
+    p = visual_prompt(model, flag)
+    ids = p["input_ids"]
+    assert int((ids == model.config.image_token_id).sum()) == 64  # one per 2 × 2 patch of the 16 × 16 image
+    with torch.no_grad():
+        logits = model(ids, p["images"]).logits
+        from_embeds = model.decoder(inputs_embeds=p["inputs_embeds"]).logits
+        patches = model.vision_proj(model.vision(p["images"]).flatten(1, 2))
+        other = model(ids, task_image(flag, "canvas 60 40 black\n")).logits
+    assert logits.shape == (1, ids.shape[1], model.config.decoder.vocab_size) and torch.isfinite(logits).all()
+    torch.testing.assert_close(from_embeds, logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(p["inputs_embeds"][ids == model.config.image_token_id], patches[0])
+    first = int((ids[0] == model.config.image_token_id).nonzero()[0])
+    torch.testing.assert_close(other[:, :first], logits[:, :first], rtol=0, atol=1e-5)  # text before: causal
+    assert (other[:, first:] - logits[:, first:]).abs().amax() > 1e-6  # the picture reaches the decoder
+    with pytest.raises(ValueError, match="size=0"):
+        task_image(flag, size=0)

@@ -235,3 +235,47 @@ def grade_drawing(task: VisualTask, program: str) -> VisualGrade:
     ok = all(items.values())
     failed = [k for k, v in items.items() if not v]
     return VisualGrade(task.id, ok, float(ok), score, items, "all rubric items hold" if ok else f"fails {failed}")
+
+
+# ---- the image path into the multimodal model (Report §2.2) ----------------------------------------------------
+def task_image(task: VisualTask, program: str | None = None, size: int = 16):
+    """A visual task's picture as the tensor a MiMo-ViT takes: [1, 3, size, size] floats in [0, 1].
+
+    The picture is ``program`` rendered when given (e.g. an agent's ``drawing.txt``), else the task's own: a
+    replication task's hidden reference program, rendered by Pillow. Open-ended tasks define no picture (only an
+    instruction and a rubric), so for them the image is rendered deterministically from the task's data: a blank
+    canvas of the rubric's ``canvas`` size (64 × 64 without one) in white. The rendering is letterboxed onto a white
+    square (the longer side fills it) and resized to ``size`` (Pillow's bilinear filter).
+    """
+    import torch
+
+    if size < 1:
+        raise ValueError(f"task_image: size={size}; expected a positive side in pixels")
+    if program is None and task.kind == "replicate":
+        program = task.reference
+    if program is None:
+        w, h = next((tuple(it["size"]) for it in task.rubric if it.get("type") == "canvas"), (64, 64))
+        program = f"canvas {w} {h} white\n"
+    img = render(program)
+    side = max(img.size)
+    square = Image.new("RGB", (side, side), (255, 255, 255))
+    square.paste(img, ((side - img.width) // 2, (side - img.height) // 2))
+    pixels = np.asarray(square.resize((size, size), Image.BILINEAR), dtype=np.float32) / 255.0  # [S, S, 3]
+    return torch.from_numpy(pixels).permute(2, 0, 1)[None].contiguous()
+
+
+def visual_prompt(model, task: VisualTask, program: str | None = None, max_text: int = 64) -> dict:
+    """A visual task as one multimodal prompt for :class:`mimo_kit.model.MiMoMultimodal`: the instruction's UTF-8
+    bytes (token ids 0–255, at most ``max_text``), then one ``<image>`` placeholder per ViT patch of
+    :func:`task_image`. Returns ``input_ids`` [1, L], ``images`` [1, 3, S, S] and ``inputs_embeds`` [1, L, hidden]:
+    the decoder's input with the ViT's projected patches written at the placeholders."""
+    import torch
+
+    vit = model.config.vision
+    if vit.in_channels != 3:
+        raise ValueError(f"visual_prompt: the model's ViT takes {vit.in_channels} channel(s); task images are RGB (3)")
+    images = task_image(task, program, size=vit.image_size)
+    text = list(task.instruction.encode("utf-8"))[:max_text]
+    ids = torch.tensor([model.sequence(text, model.image_positions(vit.image_size, vit.image_size), 0, [])])
+    embeds = model.replace(ids, model.decoder.embed(ids), model.encode_media(images, None))
+    return {"input_ids": ids, "images": images, "inputs_embeds": embeds}
