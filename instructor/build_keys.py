@@ -196,6 +196,65 @@ assert exercise("ch02a", 3).accepts(answer_3)
 assert not exercise("ch02a", 3).accepts(n_layers * window)  # the query counted 39 times'''),
 ])
 
+CH02C = Chapter("ch02c_encoders", "ch02c", "Chapter 2c · The vision and audio encoders", """
+from mimo_kit.exercises import exercise
+from mimo_kit.model.audio import token_rates
+from mimo_kit.model.vision import ViTConfig, tile_mask""", [
+    Key(1, r"""
+How many backbone positions does one minute of audio take? The tokenizer runs at 25 Hz and the patch encoder
+groups 4 frames into one position (Report §2.3). Give an integer (checked exactly).""", r"""
+A minute is $60$ s of frames at $f = 25$ Hz, $60 \cdot 25 = 1500$ frames; a patch of $p = 4$ frames is one
+backbone position, so
+
+$$N = \frac{60 \cdot f}{p} = \frac{1500}{4} = 375$$
+
+positions (6.25 per second, 160 ms each). The RVQ levels do not enter: the patch encoder sums the 20 codebook
+embeddings of a frame before grouping. Counting tokens instead ($1500 \cdot 20 = 30{,}000$) or forgetting the
+grouping ($1500$) are the usual slips.""", """
+frames = 60 * 25
+answer_1 = frames // 4
+print(frames, "frames ->", answer_1, "positions;", token_rates()["positions_per_s"], "per second")""", """
+assert exercise("ch02c", 1).accepts(answer_1)
+assert exercise("ch02c", 1).accepts(375.0)
+assert not exercise("ch02c", 1).accepts(1500)  # frames, not patches"""),
+    Key(2, r"""
+The fixed-window baseline cuts the patch grid into non-overlapping tiles of 8 × 8 patches. How many tiles does a
+448 × 448 image cut into at patch size 14? Give an integer (checked exactly).""", r"""
+At patch $14$ the image is a grid of $448 / 14 = 32$ patches per side, $32^2 = 1024$ patches. Tiles of
+$8 \times 8$ patches cut each side into $32 / 8 = 4$, so
+
+$$N_{\text{tiles}} = \left(\frac{448}{14 \cdot 8}\right)^2 = 4^2 = 16,$$
+
+each of $64$ patches. Dividing pixels by the tile size in pixels without the patch ($448 / 8 = 56$ per side) is the
+usual slip. The code counts the distinct tiles of the kit's tile mask, whose rows are the patches a query sees.""",
+        """
+grid = 448 // 14
+mask = tile_mask(grid, grid, 8)  # allowed[p, q]: p and q share a tile
+tiles = {tuple(row.nonzero().flatten().tolist()) for row in mask}
+answer_2 = len(tiles)
+print(grid, "patches per side ->", (grid // 8) ** 2, "tiles by hand;", answer_2, "distinct rows of the mask")
+print("the report-shaped ViT config:", ViTConfig.preset("report").grid, "patches per side")""", """
+assert exercise("ch02c", 2).accepts(answer_2)
+assert exercise("ch02c", 2).accepts((448 // 14 // 8) ** 2)
+assert not exercise("ch02c", 2).accepts((448 // 8) ** 2)  # pixels cut into 8-px tiles, patch forgotten"""),
+    Key(3, r"""
+How many discrete RVQ tokens does the audio tokenizer emit for 30 s of audio at 25 Hz and 20 levels? Give an
+integer (checked exactly).""", r"""
+Each 25 Hz frame is quantised by 20 residual levels, one code each, so the tokenizer emits
+$25 \cdot 20 = 500$ tokens per second and
+
+$$N = 30 \cdot 25 \cdot 20 = 15{,}000$$
+
+tokens for 30 s. These are the tokenizer's codes; the backbone sees far fewer positions,
+$30 \cdot 6.25 = 187.5$, i.e. 188 patches with the last one padded. Answering with frames ($750$) or positions is
+the usual slip.""", """
+answer_3 = 30 * 25 * 20
+print("tokens per second:", 25 * 20, "->", answer_3, "tokens; kit's rate:", token_rates()["tokens_per_s"])""", """
+assert exercise("ch02c", 3).accepts(answer_3)
+assert exercise("ch02c", 3).accepts(15000.0)
+assert not exercise("ch02c", 3).accepts(30 * 25)  # frames, not tokens"""),
+])
+
 CH02B = Chapter("ch02b_speculative_decoding", "ch02b", "Chapter 2.4 · Speculative decoding", '''
 import torch
 
@@ -780,7 +839,7 @@ assert exercise("ch07", 3).accepts(answer_3)
 assert not exercise("ch07", 3).accepts(1 / len(lengths) / lengths[3])  # sequence-mean'''),
 ])
 
-CHAPTERS = [CH01, CH02A, CH02B, CH03, CH04A, CH04B, CH04C, CH05A, CH05B, CH06, CH07]
+CHAPTERS = [CH01, CH02A, CH02B, CH02C, CH03, CH04A, CH04B, CH04C, CH05A, CH05B, CH06, CH07]
 
 
 def build(chapters: list[Chapter] | None = None) -> list[Path]:
