@@ -27,6 +27,9 @@ class BenchDecoderConfig(Config):
     decode_tokens: int = knob(16, "decode steps timed", min=1)
     decode_batches: tuple[tuple[int, int], ...] = knob(((1, 256), (8, 128)), "(batch, context) of the fast-path "
                                                         "decode rows: tiny smoke sizes")
+    compiled_batches: tuple[tuple[int, int], ...] = knob((), "(batch, context) of fast-path rows decoded through "
+                                                          "torch.compile; none in the smoke run (compiling takes "
+                                                          "tens of seconds)")
     cache_lengths: tuple[int, ...] = knob((256, 1024), "context lengths at which cache bytes are read")
     repeats: int = knob(2, "best of n timings (the first run also warms up)", min=1)
     compare_transformers: bool = knob(True, "time transformers' eager model on the same weights too")
@@ -37,13 +40,14 @@ class BenchDecoderConfig(Config):
         "tiny": {},
         # The chapter-2 benchmark of the issue tracker: the `small` model shape at realistic lengths.
         "small": {"prefill_lengths": (512, 2048, 8192), "decode_context": 4096, "decode_tokens": 32,
-                  "decode_batches": ((1, 4096), (32, 256)),
+                  "decode_batches": ((1, 4096), (32, 256)), "compiled_batches": ((1, 4096), (32, 256)),
                   "cache_lengths": (1024, 4096, 16384), "repeats": 2},
         # A narrow shape where batched decode lost to transformers before the static cache (0.24× at batch 32).
         "narrow": {"model": {**MiMoConfig.PRESETS["tiny"], "vocab_size": 8192, "hidden_size": 128,
                              "num_hidden_layers": 4, "n_routed_experts": 8, "num_experts_per_tok": 2,
                              "sliding_window": 64, "global_layers": (0,), "max_position_embeddings": 8192},
                    "prefill_lengths": (), "decode_context": 0, "decode_batches": ((32, 2048),), "decode_tokens": 32,
+                   "compiled_batches": ((32, 2048),),
                    "cache_lengths": (), "repeats": 2},
     }
 
@@ -142,6 +146,9 @@ def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
         for batch, C in cfg.decode_batches:
             say(f"fast decode at {C}, batch {batch}")
             rows.append(_fast_decode_row(kit, hf, batch, C, cfg, gen))
+        for batch, C in cfg.compiled_batches:
+            say(f"compiled fast decode at {C}, batch {batch}")
+            rows.append(_fast_decode_row(kit, hf, batch, C, cfg, gen, compiled=True))
 
         for T in cfg.cache_lengths:
             say(f"cache bytes at {T}")
@@ -164,9 +171,11 @@ def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
     return {"rows": rows, "model": cfg.model.summary(), "threads": cfg.threads}
 
 
-def _fast_decode_row(kit, hf, batch: int, C: int, cfg: BenchDecoderConfig, gen: torch.Generator) -> dict:
-    """Decode tok/s (all rows) at context C: the kit's fast path (static cache, one prefill for the shared prompt)
-    against transformers eager with its DynamicCache on the same weights."""
+def _fast_decode_row(kit, hf, batch: int, C: int, cfg: BenchDecoderConfig, gen: torch.Generator, *,
+                     compiled: bool = False) -> dict:
+    """Decode tok/s (all rows) at context C: the kit's fast path (static cache, one prefill for the shared prompt),
+    eager or through torch.compile, against transformers eager with its DynamicCache on the same weights. The first
+    of the alternated rounds warms up (and compiles), so the best round times the compiled steps alone."""
     from mimo_kit.model.fast_decode import StaticKVCache, decode_step
 
     vocab, n = cfg.model.vocab_size, cfg.decode_tokens
@@ -178,7 +187,7 @@ def _fast_decode_row(kit, hf, batch: int, C: int, cfg: BenchDecoderConfig, gen: 
         cache.prefill(kit, ctx.tolist() * batch)
         t0 = time.perf_counter()
         for i in range(n):
-            decode_step(kit, steps[:, i], cache)
+            decode_step(kit, steps[:, i], cache, compiled=compiled)
         return time.perf_counter() - t0
 
     def hf_decode():
@@ -192,7 +201,8 @@ def _fast_decode_row(kit, hf, batch: int, C: int, cfg: BenchDecoderConfig, gen: 
         return time.perf_counter() - t0
 
     k, h = _best_pair(kit_decode, hf_decode if hf is not None else None, cfg.repeats)
-    return {"measure": f"fast decode at {C}, batch {batch} (tok/s)", "kit": batch * n / k,
+    name = "compiled fast decode" if compiled else "fast decode"
+    return {"measure": f"{name} at {C}, batch {batch} (tok/s)", "kit": batch * n / k,
             "transformers": batch * n / h, "ratio": h / k}
 
 

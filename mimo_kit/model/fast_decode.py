@@ -250,11 +250,30 @@ def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVC
     return model.lm_head(m.norm(x))
 
 
-def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache) -> torch.Tensor:
-    """One token per row (tokens [B]) → logits [B, V]; the host keeps ``cache.span``."""
+_COMPILED = None
+
+
+def compiled_decode_logits():
+    """:func:`decode_logits` under ``torch.compile`` (inductor: the step's ~800 small kernels fused into a few
+    generated ones), built once per process. It is called with ``n_keys = max_len``, so one graph serves every step
+    of a cache (shapes fixed, no recompilation as the context grows); the GA keys past a row's length are masked,
+    so the logits equal the eager step's up to float rounding."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = torch.compile(decode_logits, fullgraph=True, dynamic=False)
+    return _COMPILED
+
+
+def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache, *,
+                compiled: bool = False) -> torch.Tensor:
+    """One token per row (tokens [B]) → logits [B, V]; the host keeps ``cache.span``. ``compiled`` runs the step
+    through :func:`compiled_decode_logits` (the first step of a new shape pays the compilation)."""
     if cache.span >= cache.max_len:
         raise ValueError(f"decode_step: a row reached max_len={cache.max_len}; build the cache larger")
-    logits = decode_logits(model, tokens, cache, cache.span + 1)
+    if compiled:
+        logits = compiled_decode_logits()(model, tokens, cache, cache.max_len)
+    else:
+        logits = decode_logits(model, tokens, cache, cache.span + 1)
     cache.span += 1
     return logits
 
@@ -264,10 +283,12 @@ def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCac
 def fast_generate(model: MiMoForCausalLM, prompts: Sequence[Sequence[int]] | torch.Tensor, max_new_tokens: int, *,
                   temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, eos_token_id: int | None = None,
                   pad_id: int = 0, return_candidates: bool = False,
-                  generator: torch.Generator | None = None) -> Generation:
+                  generator: torch.Generator | None = None, compiled: bool = False) -> Generation:
     """:func:`~mimo_kit.model.generate.generate` for prompts of different lengths, on a :class:`StaticKVCache`.
 
-    Same sampling (:func:`sample_next`), same :class:`Generation`; rows that stopped are fed ``pad_id``."""
+    Same sampling (:func:`sample_next`), same :class:`Generation`; rows that stopped are fed ``pad_id``.
+    ``compiled`` decodes through ``torch.compile`` (:func:`compiled_decode_logits`): worth it for long generations,
+    since the first call of each (batch, length) shape compiles (tens of seconds on a CPU)."""
     if isinstance(prompts, torch.Tensor):
         prompts = prompts.tolist()
     if not prompts:
@@ -281,6 +302,7 @@ def fast_generate(model: MiMoForCausalLM, prompts: Sequence[Sequence[int]] | tor
     max_len = max(len(p) for p in prompts) + max_new_tokens
     cache = StaticKVCache(model.config, B, max_len, dtype=next(model.parameters()).dtype, device=device)
     logits = cache.prefill(model, prompts)
-    return sampling_loop(logits, lambda tok: decode_step(model, tok, cache), max_new_tokens, temperature=temperature,
+    return sampling_loop(logits, lambda tok: decode_step(model, tok, cache, compiled=compiled), max_new_tokens,
+                         temperature=temperature,
                          top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, pad_id=pad_id,
                          return_candidates=return_candidates, generator=generator)
