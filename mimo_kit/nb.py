@@ -1,4 +1,5 @@
-"""What every chapter notebook does first and shows throughout: versions, preset, quick mode, source listings.
+"""What every chapter notebook does first and shows throughout: versions, preset, quick mode, source listings,
+and its claim checks as records (``claim``, ``claim_agreement``, ``claim_checks``; chapter 8 collects them).
 
 >>> kit = start("ch01")          # prints versions, the preset and quick mode; applies the figure style
 >>> kit.steps(full=200, quick=5) # a loop length that honours MIMO_KIT_QUICK=1
@@ -105,7 +106,8 @@ def claim_agreement(chapter: str, agreement, text: str, section: str, *, report:
     seed-to-seed spread, so the verdict is "not shown at toy scale"."""
     a = agreement
     return claim(
-        chapter, text, section, holds=a.holds and a.unanimous, report=report, seeds=a.n, agree=f"{a.agree} of {a.n}", why=why,
+        chapter, text, section, holds=a.holds and a.unanimous, report=report, seeds=a.n,
+        agree=f"{a.agree} of {a.n}", why=why,
         measured=f"{a.lower} {a.mean_lower:.4g} vs {a.higher} {a.mean_higher:.4g} (seed means)", toy_limited=True)
 
 
@@ -137,33 +139,3 @@ def _show_claims(claims: list) -> None:
     except ImportError:
         pass
     print(text)
-
-
-def check(answer, expected, label: str = "answer", tol: float | None = None) -> bool | None:
-    """Compare an exercise answer with the kit's reference; print ✓ / ✗ (never raises, so notebooks run through).
-
-    Returns None while unanswered, else whether it matches: floats within ``tol`` (absolute; the rounding the
-    exercise states), or 1e-6 relative without it.
-    """
-    if answer is None:
-        print(f"{label}: not answered yet")
-        return None
-    ok = _same(answer, expected) if tol is None else _close(answer, expected, tol)
-    print(f"{label}: {'✓ correct' if ok else '✗ not quite, try again'}")
-    return ok
-
-
-def _close(a, b, tol: float) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_close(x, y, tol) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return abs(a - b) <= tol + 1e-12
-    return a == b
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
-        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-    return a == b

@@ -1,4 +1,4 @@
-"""Checkable answers to chapter 6's exercises (``nb.check(answer, solution(n))``)."""
+"""Checkable answers to chapter 6's exercises (the registry ``mimo_kit.exercises`` checks answers against them)."""
 
 from __future__ import annotations
 

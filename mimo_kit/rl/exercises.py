@@ -1,4 +1,4 @@
-"""Checkable answers to the exercises of chapters 4a and 5a (``nb.check(answer, solution(n))``)."""
+"""Checkable answers to the exercises of chapters 4a and 5a (``mimo_kit.exercises`` checks answers against them)."""
 
 from __future__ import annotations
 
