@@ -31,3 +31,11 @@ def test_committed_outputs_are_fresh(path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), "not executed top to bottom"
     assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
+
+
+def test_the_chapter_map_lists_every_notebook():
+    """Chapter 1's map of the course names each chapter notebook once, and only notebooks that exist."""
+    from mimo_kit.intro import chapter_map
+
+    assert [c["notebook"] for c in chapter_map()] == [p.stem for p in NOTEBOOKS]
+    assert all(c["status"] == "✓" for c in chapter_map())

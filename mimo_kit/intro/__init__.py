@@ -24,6 +24,8 @@ CHAPTERS = [
      "mechanisms": "hybrid SWA/GA attention with sinks, sigmoid-router MoE, KV cache, parameter counts"},
     {"chapter": "2.4 Speculative decoder", "notebook": "ch02b_speculative_decoding", "package": "mimo_kit.speculative",
      "mechanisms": "DFlash block drafter, lossless speculative decoding"},
+    {"chapter": "2.2–2.3 Encoders", "notebook": "ch02c_encoders", "package": "mimo_kit.model",
+     "mechanisms": "MiMo-ViT (sink SWA, row/column alternation, periodic GA), RVQ audio tokenizer, patch encoder"},
     {"chapter": "3 Pre-/mid-training", "notebook": "ch03_pretraining", "package": "mimo_kit.optim, .pretrain",
      "mechanisms": "tokenizer, pre-training loop, Muown vs Muon vs AdamW, MXFP4 QAT"},
     {"chapter": "4.1 Scaling RL compute", "notebook": "ch04a_rl_at_scale", "package": "mimo_kit.rl, .infra",
@@ -36,10 +38,14 @@ CHAPTERS = [
     {"chapter": "5 Experiments", "notebook": "ch05a_rl_experiments", "package": "mimo_kit.rl",
      "mechanisms": "GAR ablation, router freezing and the reset test, loss aggregation and dynamic sampling, "
                    "partial rollouts"},
+    {"chapter": "5 MOPD²", "notebook": "ch05b_mopd2", "package": "mimo_kit.rl",
+     "mechanisms": "multi-teacher on-policy distillation: per-token reverse KL, routed teachers, prefix conditioning"},
     {"chapter": "6 Infrastructure", "notebook": "ch06_infrastructure", "package": "mimo_kit.infra",
      "mechanisms": "Sample Mixer, harness pool, payload porter, SGLang engine, consistency dashboard"},
-    {"chapter": "7 Open foundations", "notebook": "ch07_distill", "package": "mimo_kit.distill",
+    {"chapter": "7 Open foundations", "notebook": "ch07_open_foundations", "package": "mimo_kit.distill",
      "mechanisms": "Qwen 9B distill path: SFT with TRL + PEFT, then RL; multi-harness evaluation"},
+    {"chapter": "8 What was reproduced", "notebook": "ch08_what_was_reproduced", "package": "mimo_kit.claims",
+     "mechanisms": "every chapter's claim checks in one table: exact numbers, properties, experiments over seeds"},
 ]
 
 def chapter_map() -> list[dict]:
