@@ -112,8 +112,12 @@ def test_rl_learner_on_two_processes_equals_one(tmp_path):
                           progress=False, out_dir=str(tmp_path / "two"))
     two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
     one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
+    # Step 1 trains on the SFT weights: the same step to float summation order. The rollout engine's batched decode
+    # gives log-probs that differ at ~1e-7 between the runs (same tokens), and Adam turns gradient entries near zero
+    # into lr-sized steps of either sign, so from step 2 on the runs agree to the gradient norm's 1e-3.
     for key in ("loss", "entropy"):  # the PPO loss averages advantages of mean ~0: an absolute floor too
-        assert close([h[key] for h in two["history"]], [h[key] for h in one["history"]], 1e-5, 1e-7), key
+        assert close([two["history"][0][key]], [one["history"][0][key]], 1e-5, 1e-7), key
+        assert close([h[key] for h in two["history"]], [h[key] for h in one["history"]], 1e-3, 1e-7), key
     for key in ("trained_tokens", "pass_rate", "groups_trained"):
         assert [h[key] for h in two["history"]] == [h[key] for h in one["history"]], key
     assert close([h["grad_norm"] for h in two["history"]], [h["grad_norm"] for h in one["history"]], 1e-3)

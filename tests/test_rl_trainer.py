@@ -149,7 +149,10 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
     with pytest.raises(ConfigError, match="different lr"):
         run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8))
     if staleness:
-        assert ref["history"][-1]["aborted"] > 0  # the buffer really cut actions in flight
+        # groups really stayed in flight across steps (so across the checkpoint): older tokens were trained. The
+        # engine decodes every in-flight action in one batch, so on the toy world's short actions the buffer
+        # rarely needs to cut one (aborts are tested in tests/test_engine_partial.py)
+        assert max(h["lag_max"] for h in ref["history"]) > 0
     clock = ("rollout_s", "step_s", "samples_per_s")
     strip = lambda hist: [{k: v for k, v in h.items() if k not in clock} for h in hist]  # noqa: E731
     # bit for bit: both processes train on cfg.threads torch threads, the same kernels on the same data
