@@ -120,10 +120,11 @@ def test_compiled_decode_equals_the_eager_step_over_a_generation():
     """Inductor-compiled steps (n_keys = max_len, one graph for every step) give the eager path's logits per row
     for ragged rows, through the ring's wrap-around, and greedy decoding picks the same tokens."""
     model = random_model(5)
-    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [13], [14, 15, 16, 17], [18, 19], [20, 21, 22]]
+    assert len(prompts) * model.config.num_experts_per_tok > 8  # more (token, expert) pairs than the gather path
     n = 2 * model.config.sliding_window + 3  # past the SWA ring's first wrap
     with torch.no_grad():
-        eager, comp = (StaticKVCache(model.config, 3, 7 + n + 1) for _ in range(2))
+        eager, comp = (StaticKVCache(model.config, len(prompts), 7 + n + 1) for _ in range(2))
         tok = eager.prefill(model, prompts).argmax(-1)
         comp.prefill(model, prompts)
         for _ in range(n):

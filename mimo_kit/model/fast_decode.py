@@ -182,8 +182,8 @@ def _moe(m: MiMoMoE, x: torch.Tensor) -> torch.Tensor:
         m.capture.append(idx.detach())
     N, k = idx.shape
     ex = m.experts
-    if N * k > GATHER_MAX_PAIRS:
-        return ex(x, idx, w)
+    if N * k > GATHER_MAX_PAIRS and not torch.compiler.is_compiling():
+        return ex(x, idx, w)  # compiled, the gather below: the grouped product's data-dependent offsets do not trace
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         # eager CPU: a host read costs nothing here, and multiplying by each chosen expert's weights in place reads
         # them once, where a gather would copy them first
