@@ -48,7 +48,7 @@ def _run_target(answer: Any) -> Any:
 
     try:
         return run_target(answer)
-    except (ValueError, SystemExit, Exception):  # noqa: BLE001 - a line the CLI refuses is a wrong answer
+    except (Exception, SystemExit):  # noqa: BLE001 - a line the CLI refuses (argparse exits) is a wrong answer
         return ("not a runnable line", answer)
 
 
