@@ -1,4 +1,5 @@
 # Two commands for a newcomer: `make demo` (set up + run the course on the tiny preset), `make test`.
+# Contributors: `make check` (lint + the fast tier, about 3 min) before every commit.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -6,8 +7,12 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 STAMP  := $(VENV)/.mimo-kit-installed
+# the suite runs on parallel workers (pytest-xdist); a work unit is a test, or a module's tests sharing a fixture
+WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
+FAST   := not slow and not notebook and not distributed and not browser and not gpu
 
-.PHONY: setup demo test lab notebooks slides results lint bench clean
+.PHONY: setup demo test check suite-table lab notebooks slides results lint bench clean
 
 setup: $(STAMP)
 
@@ -24,7 +29,18 @@ demo: $(STAMP)
 	$(BIN)/mimo-kit course --out runs/course
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
+
+# lint, imports, every fast unit and property test, a smoke per subsystem: the tests without a slow marker
+check: $(STAMP)
+	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
+	$(PYTEST) -m "$(FAST)"
+
+# the whole suite with each test's seconds → benchmarks/RESULTS_suite.md and suite_durations.json
+suite-table: $(STAMP)
+	mkdir -p runs/suite
+	start=$$(date +%s); $(PYTEST) --durations-json=runs/suite/durations.json; \
+	  $(BIN)/python benchmarks/suite_table.py runs/suite/durations.json --wall test=$$(( $$(date +%s) - start ))
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

@@ -140,13 +140,16 @@ def cmd_env_check(args: argparse.Namespace) -> int:
 def cmd_course(args: argparse.Namespace) -> int:
     from mimo_kit.course import NOTEBOOK_DIR, run_course
 
+    t0 = time.perf_counter()
     runs = run_course(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), quick=not args.full, preset=args.preset,
-                      timeout=args.timeout, only=args.only)
+                      timeout=args.timeout, only=args.only, jobs=args.jobs)
     failed = [r.name for r in runs if not r.ok]
-    print(f"course: {len(runs) - len(failed)}/{len(runs)} chapters ok → {Path(args.out) / 'index.html'}")
     for r in runs:
         if not r.ok:
             print(f"FAILED {r.name}: {r.error[-800:]}", file=sys.stderr)
+    minutes, seconds = divmod(round(time.perf_counter() - t0), 60)
+    print(f"course: {len(runs) - len(failed)}/{len(runs)} chapters ok in {minutes} min {seconds:02d} s "
+          f"→ open {(Path(args.out) / 'index.html').resolve()}")
     return 1 if failed or not runs else 0
 
 
@@ -258,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--full", action="store_true", help="quick mode off")
     c.add_argument("--only", help="only chapters whose name contains this")
     c.add_argument("--timeout", type=int, default=900, help="seconds per cell")
+    c.add_argument("--jobs", type=int, default=2, help="chapters run at once, one kernel each (default 2)")
     c.set_defaults(fn=cmd_course)
 
     n = sub.add_parser("notebooks", help="re-execute notebooks in place (committed outputs, tiny preset)")

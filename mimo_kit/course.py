@@ -19,14 +19,12 @@ so committed outputs never drift from the code that produced them.
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import html
 import os
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import nbformat
@@ -58,28 +56,17 @@ def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
     return sorted(p for p in Path(directory).glob("*.ipynb") if not p.name.startswith("."))
 
 
-@contextlib.contextmanager
-def _env(**values: str) -> Iterator[None]:
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def execute(path: Path, *, quick: bool = True, preset: str = "tiny", timeout: int = 600) -> nbformat.NotebookNode:
-    """Execute a notebook top to bottom in a fresh kernel (cwd = its folder); raise on the first failing cell.
+def execute(path: Path, *, quick: bool = True, preset: str = "tiny", timeout: int = 600,
+            cwd: Path | None = None) -> nbformat.NotebookNode:
+    """Execute a notebook top to bottom in a fresh kernel; raise on the first failing cell.
 
     ``quick`` and ``preset`` reach the kernel as ``MIMO_KIT_QUICK`` / ``MIMO_KIT_PRESET``; ``timeout`` bounds
-    each cell in seconds.
+    each cell in seconds. The kernel runs in ``cwd`` (default: the notebook's folder), so the chapter's
+    ``runs/…`` folders go there: a private ``cwd`` lets two executions of one chapter run at once.
     """
     nb = nbformat.read(path, as_version=4)
-    execute_node(nb, Path(path).parent, quick=quick, preset=preset, timeout=timeout)
+    execute_node(nb, Path(cwd) if cwd is not None else Path(path).parent, quick=quick, preset=preset,
+                 timeout=timeout)
     return nb
 
 
@@ -88,9 +75,9 @@ def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: s
     from nbclient import NotebookClient
 
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-    with _env(MIMO_KIT_QUICK="1" if quick else "0", MIMO_KIT_PRESET=preset,
-              MPLBACKEND="module://matplotlib_inline.backend_inline"):
-        client.execute()
+    # the kernel's own environment (not this process's): several chapters can start kernels at once
+    client.execute(env={**os.environ, "MIMO_KIT_QUICK": "1" if quick else "0", "MIMO_KIT_PRESET": preset,
+                        "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
 
 
 def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
@@ -250,14 +237,21 @@ def write_committed(paths: list[Path], out: Path) -> list[Path]:
 
 
 def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOOK_DIR, quick: bool = True,
-               preset: str = "tiny", timeout: int = 600, only: str | None = None) -> list[ChapterRun]:
+               preset: str = "tiny", timeout: int = 600, only: str | None = None,
+               jobs: int = 2) -> list[ChapterRun]:
     """Execute every chapter (or those whose name contains ``only``) and write the course to ``out_dir``.
 
-    A failing chapter is recorded (its partial notebook and error are kept) and the others still run. In quick
-    mode the committed notebooks are also converted as they are into ``out_dir/committed/`` (see the module doc).
+    ``jobs`` chapters run at once, each in its own kernel (a chapter is mostly one Python thread, so two kernels
+    keep two cores busy). A failing chapter is recorded (its partial notebook and error are kept) and the others
+    still run. In quick mode the committed notebooks are also converted as they are into ``out_dir/committed/``
+    (see the module doc).
     """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
     from tqdm.auto import tqdm
 
+    if jobs < 1:
+        raise ValueError(f"run_course: jobs={jobs}; expected at least 1")
     out = Path(out_dir)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = [p for p in notebooks(directory) if only is None or only in p.stem]
@@ -265,10 +259,8 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     local_mathjax(out)
     if quick:
         write_committed(paths, out)
-    runs = []
-    bar = tqdm(paths, desc="course", unit="chapter")
-    for i, path in enumerate(bar):
-        bar.set_postfix_str(path.stem)
+
+    def chapter(i: int, path: Path) -> ChapterRun:
         t0 = time.perf_counter()
         nb, error = nbformat.read(path, as_version=4), ""
         try:
@@ -281,7 +273,17 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
         links = PageLinks("index.html", prev, nxt, banner=f"committed/{path.stem}.html" if quick else None)
         (out / f"{path.stem}.html").write_text(_html(nb, links, mathjax_url=f"mathjax/{MATHJAX_ENTRY}"))
         figures = extract_figures(nb, out / "figures", path.stem)
-        runs.append(ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures))
+        return ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures)
+
+    done: dict[int, ChapterRun] = {}
+    with ThreadPoolExecutor(max_workers=min(jobs, max(1, len(paths)))) as pool, \
+            tqdm(total=len(paths), desc="course", unit="chapter") as bar:
+        futures = {pool.submit(chapter, i, path): i for i, path in enumerate(paths)}
+        for future in as_completed(futures):
+            run = done[futures[future]] = future.result()
+            bar.set_postfix_str(f"{run.name} {'ok' if run.ok else 'failed'} {run.seconds:.0f} s")
+            bar.update()
+    runs = [done[i] for i in range(len(paths))]
     write_index(runs, out, quick=quick, preset=preset)
     return runs
 

@@ -7,6 +7,7 @@ for one test save ``torch.get_num_threads()`` and restore it, i.e. they restore 
 """
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,12 @@ FORCED_THREADS = os.environ.get("MIMO_KIT_TEST_THREADS", "").strip()
 if FORCED_THREADS:
     if not FORCED_THREADS.isdigit() or int(FORCED_THREADS) < 1:
         raise pytest.UsageError(f"MIMO_KIT_TEST_THREADS={FORCED_THREADS!r}; expected a positive integer")
+elif os.environ.get("PYTEST_XDIST_WORKER"):
+    # `pytest -n N` (make test): N workers share the cores, so each worker and the processes it starts (notebook
+    # kernels, torchrun ranks, servers) gets cores // N threads instead of every one of them claiming all cores
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    FORCED_THREADS = str(max(1, len(os.sched_getaffinity(0)) // max(1, _workers)))
+if FORCED_THREADS:
     # set before torch starts its thread pools; subprocesses inherit it
     os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = FORCED_THREADS
 
@@ -53,7 +60,7 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """``gpu`` tests are skipped on machines without CUDA."""
+    """``gpu`` tests are skipped on machines without CUDA; the rest are grouped and ordered for parallel workers."""
     try:
         import torch
 
@@ -65,6 +72,104 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    _group_and_order(items)
+
+
+# ---- parallel workers -----------------------------------------------------------------------------------------
+# `make test` runs `pytest -n 2 --dist loadgroup`: the tests of a module that share a module-scoped fixture (a
+# trained policy, a server, a Ray head, a measured consistency table) form one work unit, so the fixture is built
+# once; work units are then handed out longest first (longest-processing-time scheduling), their lengths taken
+# from the last clean run's durations (`benchmarks/suite_durations.json`, written with RESULTS_suite.md), so no
+# worker is left with a long test at the end. A test the file does not know counts by its markers.
+DURATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "suite_durations.json"
+UNKNOWN_SECONDS = {"notebook": 120.0, "distributed": 30.0, "slow": 15.0}  # a new test's guess, by marker
+SLOW_MARKERS = ("slow", "notebook", "distributed", "browser", "gpu")
+SLOW_SECONDS = 5.0  # a test that takes longer carries one of SLOW_MARKERS (`make check` leaves those out)
+
+
+def _shared_module_fixture(item) -> bool:
+    """Does ``item`` use a module-scoped fixture defined in its own module?"""
+    info = getattr(item, "_fixtureinfo", None)
+    module = item.nodeid.split("::")[0]
+    return info is not None and any(d.scope == "module" and d.baseid == module
+                                    for defs in info.name2fixturedefs.values() for d in defs)
+
+
+def _group_and_order(items) -> None:
+    import json
+
+    known = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+
+    def seconds(item) -> float:
+        if item.nodeid in known:
+            return float(known[item.nodeid]["seconds"])
+        return next((s for m, s in UNKNOWN_SECONDS.items() if m in item.keywords), 1.0)
+
+    units: dict[str, list] = {}
+    for item in items:
+        if _shared_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            units.setdefault(item.module.__name__, []).append(item)
+        else:
+            units.setdefault(item.nodeid, []).append(item)
+    order = sorted(units.values(), key=lambda unit: -sum(seconds(i) for i in unit))
+    items[:] = [i for unit in order for i in unit]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--durations-json", metavar="PATH", default=None,
+                     help="write each test's seconds (setup + call + teardown) and markers to PATH as JSON "
+                          "(benchmarks/suite_table.py turns it into RESULTS_suite.md)")
+
+
+_durations: dict[str, dict] = {}
+
+
+def pytest_runtest_logreport(report):
+    entry = _durations.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed", "markers": []})
+    entry["seconds"] += report.duration
+    entry["markers"] = sorted(m for m in SLOW_MARKERS if m in report.keywords) or entry["markers"]
+    if report.failed:
+        entry["outcome"] = "failed"
+    elif report.skipped and report.when != "teardown":
+        entry["outcome"] = "skipped"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import json
+
+    path = session.config.getoption("--durations-json")
+    if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports
+        Path(path).write_text(json.dumps(dict(sorted(_durations.items())), indent=1) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Name every test over ``SLOW_SECONDS`` that carries none of ``SLOW_MARKERS`` (so `make check` stays fast)."""
+    slow = []
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        if report.when != "call":
+            continue
+        if report.duration > SLOW_SECONDS and not any(m in report.keywords for m in SLOW_MARKERS):
+            slow.append((report.duration, report.nodeid))
+    if slow:
+        terminalreporter.section(f"tests over {SLOW_SECONDS:.0f} s without a marker ({', '.join(SLOW_MARKERS)})")
+        for total, nodeid in sorted(slow, reverse=True):
+            terminalreporter.write_line(f"{total:7.1f} s  {nodeid}")
+
+
+# ---- optional components ---------------------------------------------------------------------------------------
+def require(module: str, install: str):
+    """Import an optional component (Ray, selenium) or skip the test naming it and how to install it; under ``CI``,
+    where ``.ci/run`` and ``make setup`` install every component, a missing one fails the test instead."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        reason = f"needs {module} ({e}); install with {install}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set: {reason}")
+        pytest.skip(reason)
 
 
 # ---- near ties ------------------------------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+import os
 import re
 
 import matplotlib.pyplot as plt
@@ -39,6 +40,28 @@ def test_course_executes_chapters_and_writes_index(tmp_path):
     assert "1 ok" in index and "failed" in index
     assert (out / "figures" / "ch01_ok-1.png").read_bytes()[:4] == b"\x89PNG"
     assert "<html" in (out / "ch01_ok.html").read_text().lower()
+
+
+def test_course_runs_two_chapters_at_once_in_their_own_environments(tmp_path, monkeypatch):
+    """``jobs=2``: the first chapter waits for a file that only the second writes, so it can finish only if both
+    kernels run at the same time; each kernel sees quick mode and the preset, this process's environment is left
+    as it was, and the runs come back in chapter order."""
+    monkeypatch.delenv("MIMO_KIT_QUICK", raising=False)
+    src = tmp_path / "nbs"
+    src.mkdir()
+    flag = tmp_path / "second-started"
+    _write(src / "ch01_waits.ipynb", "import os, time\nt0 = time.time()\n"
+           f"while not os.path.exists({str(flag)!r}):\n    assert time.time() - t0 < 60, 'ran alone'\n"
+           "    time.sleep(0.05)\nprint(os.environ['MIMO_KIT_QUICK'])")
+    _write(src / "ch02_signals.ipynb",
+           f"open({str(flag)!r}, 'w').close()\nimport os; print(os.environ['MIMO_KIT_PRESET'])")
+    runs = run_course(tmp_path / "course", directory=src, quick=True, preset="small", timeout=120, jobs=2)
+    assert [(r.name, r.ok) for r in runs] == [("ch01_waits", True), ("ch02_signals", True)], runs
+    outs = [nbformat.read(tmp_path / "course" / f"{r.name}.ipynb", as_version=4).cells[1].outputs[0]["text"].strip()
+            for r in runs]
+    assert outs == ["1", "small"] and "MIMO_KIT_QUICK" not in os.environ
+    with pytest.raises(ValueError, match="jobs=0"):
+        run_course(tmp_path / "c2", directory=src, jobs=0)
 
 
 def test_course_command_exit_code_reflects_failures(tmp_path, capsys):

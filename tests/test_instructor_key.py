@@ -66,7 +66,7 @@ def test_keys_match_their_builder():
 @pytest.mark.notebook
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("path", KEYS, ids=[p.stem for p in KEYS])
-def test_key_executes(path):
-    nb = execute(path, quick=True)
+def test_key_executes(path, tmp_path):
+    nb = execute(path, quick=True, cwd=tmp_path)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []

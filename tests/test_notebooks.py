@@ -16,8 +16,9 @@ def test_there_are_chapter_notebooks():
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_quick_mode(path):
-    nb = execute(path, quick=True, preset="tiny", timeout=PER_NOTEBOOK_TIMEOUT)
+def test_notebook_executes_in_quick_mode(path, tmp_path):
+    # the kernel's folder is private (its runs/ go there), so concurrent suites never share a chapter's run
+    nb = execute(path, quick=True, preset="tiny", timeout=PER_NOTEBOOK_TIMEOUT, cwd=tmp_path)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert errors == []
 

@@ -3,6 +3,7 @@
 import pickle
 
 import pytest
+from conftest import require
 
 from mimo_kit.infra import rollout
 from mimo_kit.infra.pool import (
@@ -100,6 +101,7 @@ def test_local_porter_round_trip_is_exact():
 # ---- on a local Ray head --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ray_head():
+    require("ray", "`pip install -e .[ray]`")
     info = start_local_head(num_cpus=2)
     yield info
     stop_local_head()

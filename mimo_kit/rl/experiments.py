@@ -311,10 +311,11 @@ def _published(name: str) -> tuple[Publication, ...]:
 
 
 def saved_or_run(name: str, cfg: CompareConfig, quick: bool) -> dict:
-    """Chapter 5a's source of a comparison: the published full run ``data/rl/<name>_tiny.json`` outside quick
-    mode when it exists, else a live run of ``cfg`` (quick mode: a miniature)."""
+    """Chapter 5a's source of a comparison: the published full run ``data/rl/<name>_tiny.json`` when it exists, in
+    quick mode too (a study of 3 seeds is minutes of training: quick mode runs a chapter's mechanisms and plots
+    the committed studies); else a live run of ``cfg`` (in quick mode the caller's miniature)."""
     saved = RESULTS_DIR / f"{name}_tiny.json"
-    if not quick and saved.exists():
+    if saved.exists():
         res = json.loads(saved.read_text())
         print(f"loaded data/rl/{saved.name} (mimo-kit run rl-{name.replace('_', '-')}; seeds {res['seeds']})")
         return res

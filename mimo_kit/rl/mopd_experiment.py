@@ -201,11 +201,14 @@ experiment("mopd2", MOPD2Config, chapter="ch05b",
 
 
 def saved_or_run(quick: bool) -> dict:
-    """The notebook's source: the published ``data/rl/mopd2_tiny.json`` outside quick mode when it exists, else a
-    live run (quick mode: the ``quick`` preset, one seed in miniature)."""
+    """The notebook's source: the published ``data/rl/mopd2_tiny.json`` when it exists, in quick mode too (quick
+    mode runs a chapter's mechanisms and plots the committed study), else a live run (quick mode: the ``quick``
+    preset, one seed in miniature)."""
     from mimo_kit.results import DATA_DIR
 
     saved = DATA_DIR / "rl" / "mopd2_tiny.json"
-    if not quick and saved.exists():
-        return json.loads(saved.read_text())
+    if saved.exists():
+        res = json.loads(saved.read_text())
+        print(f"loaded data/rl/{saved.name} (mimo-kit run mopd2; seeds {res['seeds']})")
+        return res
     return mopd2(MOPD2Config.preset("quick" if quick else "tiny"))
