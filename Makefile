@@ -39,8 +39,9 @@ check: $(STAMP)
 # the whole suite with each test's seconds → benchmarks/RESULTS_suite.md and suite_durations.json
 suite-table: $(STAMP)
 	mkdir -p runs/suite
-	start=$$(date +%s); $(PYTEST) --durations-json=runs/suite/durations.json; \
-	  $(BIN)/python benchmarks/suite_table.py runs/suite/durations.json --wall test=$$(( $$(date +%s) - start ))
+	start=$$(date +%s); $(PYTEST) --durations-json=runs/suite/durations.json; status=$$?; \
+	  $(BIN)/python benchmarks/suite_table.py runs/suite/durations.json --wall test=$$(( $$(date +%s) - start )); \
+	  exit $$status
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/

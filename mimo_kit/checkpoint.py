@@ -12,9 +12,13 @@ import torch
 
 def atomic_save(obj: Any, path: str | Path) -> Path:
     """``torch.save`` to ``path`` through a temporary file and a rename: a kill mid-write leaves the previous
-    file intact, never a half-written one."""
+    file intact, never a half-written one. The temporary name is the writer's own (pid and thread), so two
+    processes saving the same file at once each rename a whole file."""
+    import os
+    import threading
+
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}-{threading.get_ident()}")
     torch.save(obj, tmp)
     tmp.replace(path)
     return path

@@ -37,6 +37,7 @@ def test_unknown_experiment_lists_known(capsys):
     assert "known: " in capsys.readouterr().err and "scale-knobs" in experiments.discover()
 
 
+@pytest.mark.slow
 def test_console_script_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "mimo_kit.cli", "run", "scale-knobs", "badkey=1"],
                        capture_output=True, text=True, cwd=tmp_path)

@@ -9,6 +9,9 @@ def by_label(result) -> dict[str, dict]:
     return {label(r): r for r in result["rows"]}
 
 
+# a module-scoped fixture trains a policy (over 5 s): the whole module is slow
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def mxfp4():
     return measure_consistency(ConsistencyConfig(groups=10, sft_steps=40))

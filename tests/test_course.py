@@ -19,6 +19,7 @@ def _write(path, *sources):
     nbformat.write(nb, path)
 
 
+@pytest.mark.slow
 def test_course_executes_chapters_and_writes_index(tmp_path):
     src = tmp_path / "nbs"
     src.mkdir()
@@ -99,6 +100,7 @@ def _hrefs(page, cls):
     return re.findall(r'<a href="([^"]+)">([^<]+)</a>', block.group(1))
 
 
+@pytest.mark.slow
 def test_course_pages_navigation_toc_and_quick_banner(tmp_path, assert_local_mathjax):
     src = tmp_path / "nbs"
     src.mkdir()

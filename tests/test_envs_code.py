@@ -134,6 +134,7 @@ def test_protected_paths_are_restored(tmp_path):
     assert tree_files(ws) == tree_files(task.repo)
 
 
+@pytest.mark.slow
 def test_validation_rejects_broken_tasks_with_reasons(tmp_path):
     task = TASKS[0]
     files = {p.relative_to(task.repo).as_posix(): p.read_text() for p in task.repo.rglob("*.py")}

@@ -240,6 +240,7 @@ def test_host_processes_and_their_command_lines_are_invisible(tmp_path):
     assert "pytest" not in r.stdout and rest[-1].startswith("/bin/sh -c ls /proc")
 
 
+@pytest.mark.slow
 @needs["mount_namespace"]
 def test_nothing_of_the_kit_repository_is_visible(tmp_path):
     """Allowlisted view: no .git, no data/ (gold patches, hidden tests), no tests, however they are asked for."""

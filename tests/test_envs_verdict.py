@@ -73,6 +73,7 @@ ALWAYS_EQUAL = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forging_the_verdict_from_the_agents_process_scores_zero(name):
     g = episode([append(FORGERIES[name])])

@@ -28,6 +28,7 @@ def test_mixer_off_leaves_the_config_and_the_run_as_before():
         RLConfig.preset("toy", mixer=True, staleness=2)
 
 
+@pytest.mark.slow
 def test_rl_with_the_mixer_draws_per_source_and_records_counts(tmp_path, sft_file):
     r = run_rl(mixed(tmp_path, sft_file))
     assert len(r["history"]) == 3
@@ -59,6 +60,7 @@ def interrupted(cfg, monkeypatch, after: int):
             run_rl(cfg)
 
 
+@pytest.mark.slow
 def test_exact_resume_with_the_mixer(tmp_path, sft_file, monkeypatch):
     ref = run_rl(mixed(tmp_path / "ref", sft_file, steps=4))
     interrupted(mixed(tmp_path / "res", sft_file, steps=4), monkeypatch, after=3)  # checkpoint at 2, dies in 4
@@ -69,6 +71,7 @@ def test_exact_resume_with_the_mixer(tmp_path, sft_file, monkeypatch):
     assert resumed["rl_eval"] == ref["rl_eval"]
 
 
+@pytest.mark.slow
 def test_replay_only_in_the_first_step_after_a_resume(tmp_path, sft_file, monkeypatch):
     cfg = mixed(tmp_path, sft_file, steps=5, **{"mixing.replay": True, "mixing.oversample": 2.0})
     interrupted(cfg, monkeypatch, after=2)

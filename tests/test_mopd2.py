@@ -98,6 +98,9 @@ def _cfg(tmp, **over) -> MOPDConfig:
     return MOPDConfig(**{**base, **over})
 
 
+# a module-scoped fixture trains a policy (over 5 s): the whole module is slow
+pytestmark = pytest.mark.slow
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mopd")

@@ -176,6 +176,7 @@ def test_compare_reports_every_seed_and_its_spread():
     assert np.all(np.asarray(r["budget_seconds"]) > 0)
 
 
+@pytest.mark.slow
 def test_switch_and_qat_report_per_seed_numbers():
     from mimo_kit.pretrain.studies import QATConfig, SwitchConfig, optimizer_switch, ptq_vs_qat
 

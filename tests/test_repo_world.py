@@ -39,6 +39,7 @@ def test_generated_tasks_validate_in_the_sandbox(family, tmp_path):
     assert ct.f2p == [f"test_calc.py::test_{task.fn.name}"] and len(ct.p2p) == 2
 
 
+@pytest.mark.slow
 def test_the_expert_passes_clean_and_fails_wrong_in_every_harness(tmp_path):
     tasks = repo.make_repo_tasks(len(ALL) * 2, seed=5)
     clean = repo.expert_samples(tasks[:len(ALL)], ALL, 0, ByteTokenizer(), (1, 0, 0), grade=True,
@@ -66,6 +67,7 @@ def test_tools_show_code_and_test_output_never_the_fix(tmp_path):
     assert f"return {task.fn.body}\n" not in text.replace(f"return {task.buggy_body}", "")
 
 
+@pytest.mark.slow
 def test_bpe_round_trips_and_shortens_harness_text(tmp_path):
     tasks = repo.make_repo_tasks(16, seed=4)
     samples = repo.expert_samples(tasks, ALL, 1, ByteTokenizer(), task_dir=str(tmp_path))
@@ -145,6 +147,7 @@ def test_rollouts_end_at_the_models_context():
     assert any(q.finish_reason == "length" for q in s.sequences)
 
 
+@pytest.mark.slow
 def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
     """A miniature repo-world run end to end: SFT on expert traces, one RL step through the harnesses, held-out
     evaluation in all 7; the step's groups load with rl.load_jsonl and carry the harness's recorded errors."""

@@ -90,6 +90,7 @@ def test_no_module_of_the_kit_writes_into_data():
     assert not offenders, offenders
 
 
+@pytest.mark.slow
 def test_running_an_experiment_in_a_fresh_process_leaves_data_untouched(tmp_path):
     before = {p: p.stat().st_mtime_ns for p in DATA_DIR.rglob("*") if p.is_file()}
     out = subprocess.run([sys.executable, "-m", "mimo_kit.cli", "run", "scale-knobs", "--out", str(tmp_path / "r")],

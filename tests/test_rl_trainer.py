@@ -82,6 +82,7 @@ def test_toy_rubric_and_rewards():
     assert rewards(RLConfig.preset("toy", advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
 
 
+@pytest.mark.slow
 def test_muown_optimizer_trains_and_keeps_the_router(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=3, optimizer="muown"))
     sd = r["model"].state_dict()
@@ -99,6 +100,7 @@ def test_r3_and_gar_run(tmp_path, sft_file):
     assert any(h["trained_tokens"] for h in r["history"])
 
 
+@pytest.mark.slow
 def test_partial_rollouts_respect_the_staleness_bound(tmp_path, sft_file):
     """Asynchronous partial rollouts: tokens are at most S versions old when trained; S=1 expires more groups."""
     lags = {}
@@ -262,6 +264,7 @@ def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft
                    for sg in c.segments)
 
 
+@pytest.mark.slow
 def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=3, prompts=4))
     for h in r["history"]:
@@ -294,6 +297,7 @@ def test_topp_replay_trains_consistently(tmp_path, sft_file):
     assert all(h["mismatch_abs_dlogp"] < 1e-4 for h in r["history"] if h["trained_tokens"])
 
 
+@pytest.mark.slow
 def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
     """The target is anchored at 0.8 × the first batch's entropy, so ε_high moves both ways instead of sitting at
     a bound."""

@@ -202,6 +202,7 @@ def test_feature_layers_spread_like_the_report():
         DrafterConfig(num_attention_heads=4, num_key_value_heads=3)
 
 
+@pytest.mark.slow
 def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     bb = backbone()
     tokens = torch.randint(0, 512, (5000,), generator=torch.Generator().manual_seed(0))

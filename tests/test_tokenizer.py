@@ -39,6 +39,7 @@ def test_merges_compress_python_source(tok):
     assert len(tok(text)["input_ids"]) < 0.6 * len(text.encode())
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.text(max_size=200))
 def test_round_trip_any_text(tok, text):

@@ -135,6 +135,7 @@ def test_well_formed_traces_always_validate_and_round_trip(obj):
     assert validate_trace(json.loads(json.dumps(obj))).to_dict() == obj
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("domain", DOMAINS)
 def test_teachers_make_valid_passing_traces(domain):
     ts = make_traces(domain, 2, seed=3)
