@@ -70,14 +70,20 @@ def execute(path: Path, *, quick: bool = True, preset: str = "tiny", timeout: in
     return nb
 
 
-def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: str, timeout: int) -> None:
-    """Execute ``nb`` in place; on failure the cells run so far keep their outputs and the error propagates."""
+def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: str, timeout: int,
+                 threads: int | None = None) -> None:
+    """Execute ``nb`` in place; on failure the cells run so far keep their outputs and the error propagates.
+
+    ``threads`` caps the kernel's torch / OpenMP threads (``OMP_NUM_THREADS``), for kernels that share the cores."""
     from nbclient import NotebookClient
 
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
     # the kernel's own environment (not this process's): several chapters can start kernels at once
-    client.execute(env={**os.environ, "MIMO_KIT_QUICK": "1" if quick else "0", "MIMO_KIT_PRESET": preset,
-                        "MPLBACKEND": "module://matplotlib_inline.backend_inline"})
+    env = {**os.environ, "MIMO_KIT_QUICK": "1" if quick else "0", "MIMO_KIT_PRESET": preset,
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    client.execute(env=env)
 
 
 def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:
@@ -241,10 +247,10 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
                jobs: int = 2) -> list[ChapterRun]:
     """Execute every chapter (or those whose name contains ``only``) and write the course to ``out_dir``.
 
-    ``jobs`` chapters run at once, each in its own kernel (a chapter is mostly one Python thread, so two kernels
-    keep two cores busy). A failing chapter is recorded (its partial notebook and error are kept) and the others
-    still run. In quick mode the committed notebooks are also converted as they are into ``out_dir/committed/``
-    (see the module doc).
+    ``jobs`` chapters run at once, each in its own kernel with a share of the cores' threads (a chapter is mostly
+    one Python thread, so two kernels keep two cores busy). A failing chapter is recorded (its partial notebook
+    and error are kept) and the others still run. In quick mode the committed notebooks are also converted as they
+    are into ``out_dir/committed/`` (see the module doc).
     """
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
@@ -259,12 +265,14 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     local_mathjax(out)
     if quick:
         write_committed(paths, out)
+    # kernels running side by side share the cores (unless the caller fixed OMP_NUM_THREADS)
+    threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, len(os.sched_getaffinity(0)) // jobs)
 
     def chapter(i: int, path: Path) -> ChapterRun:
         t0 = time.perf_counter()
         nb, error = nbformat.read(path, as_version=4), ""
         try:
-            execute_node(nb, path.parent, quick=quick, preset=preset, timeout=timeout)
+            execute_node(nb, path.parent, quick=quick, preset=preset, timeout=timeout, threads=threads)
         except Exception as e:  # noqa: BLE001 - a failed chapter is reported on the index page
             error = f"{type(e).__name__}: {str(e).strip()[-2000:]}"
         seconds = time.perf_counter() - t0

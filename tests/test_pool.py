@@ -203,3 +203,36 @@ def test_ray_porter_learner_reassembles_the_same_samples(ray_head):
     assert routed_sum == flatten(ref).routed_experts.sum().item()
     assert same(Porter(RayStore()).fetch(manifests), ref)
     ray.kill(worker)
+
+
+def test_a_head_that_misses_rays_start_deadline_is_started_again(monkeypatch):
+    """Ray waits a fixed 30 s for a new raylet; on a loaded machine the start is tried again, other errors stand."""
+    ray = require("ray", "`pip install -e .[ray]`")
+    from mimo_kit.infra import pool
+
+    calls = []
+
+    class Ctx:
+        address_info = {"gcs_address": "127.0.0.1:1", "node_ip_address": "127.0.0.1"}
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            raise Exception("The current node timed out during startup. This could happen because ...")
+        return Ctx()
+
+    monkeypatch.setattr(ray, "init", init)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(pool, "ray_processes", lambda: {"gcs_server": [], "raylet": [], "workers": []})
+    assert start_local_head() == {"address": "127.0.0.1:1", "node_ip": "127.0.0.1"} and len(calls) == 2
+
+    def broken(**kwargs):
+        raise ValueError("bad object store size")
+
+    monkeypatch.setattr(ray, "init", broken)
+    with pytest.raises(ValueError, match="bad object store"):
+        start_local_head()
+    monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(Exception("timed out during startup")))
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_head()

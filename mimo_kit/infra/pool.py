@@ -413,6 +413,11 @@ class ActorPerRollout(_Hosts):
 
 
 # ---- a local Ray head ---------------------------------------------------------------------------------------------
+#: Ray waits a fixed 30 s for a new head's raylet to register; on a loaded 2-core machine (a test suite's workers,
+#: a second head starting) it can miss that, so the start is tried this many times before the error stands.
+START_ATTEMPTS = 3
+
+
 def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str, Any]:
     """Start a private Ray head on this machine for tests, benchmarks and notebooks; returns ``ray.init``'s context.
 
@@ -443,10 +448,33 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
         raise RuntimeError("start_local_head: Ray is already initialised in this process")
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
-                   _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20, log_to_driver=False,
-                   configure_logging=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    for attempt in range(1, START_ATTEMPTS + 1):
+        try:
+            ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
+                           _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
+                           log_to_driver=False, configure_logging=False,
+                           runtime_env={"env_vars": {"PYTHONPATH": path}})
+            break
+        except Exception as e:  # Ray raises a bare Exception when its raylet misses the start deadline
+            if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
+                raise
+            # a loaded machine: the raylet did not register within Ray's fixed 30 s; end what started, start again
+            ray.shutdown()
+            _kill_children(sum(ray_processes().values(), []))
     return {"address": ctx.address_info.get("gcs_address"), "node_ip": ctx.address_info.get("node_ip_address")}
+
+
+def _kill_children(pids: list[int]) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+            procs[-1].kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(procs, timeout=10)
 
 
 def stop_local_head() -> None:

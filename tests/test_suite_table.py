@@ -1,0 +1,92 @@
+"""The suite's own time table (``benchmarks/suite_table.py``) and the order the workers take the work in."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SLOW_MARKERS, SLOW_SECONDS, _group_and_order
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _table_module():
+    spec = importlib.util.spec_from_file_location("suite_table", ROOT / "benchmarks" / "suite_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        del sys.modules[spec.name]
+    return mod
+
+
+DURATIONS = {
+    "tests/test_a.py::test_slow_marked": {"seconds": 40.0, "outcome": "passed", "markers": ["slow"]},
+    "tests/test_a.py::test_fast": {"seconds": 0.5, "outcome": "passed", "markers": []},
+    "tests/test_b.py::test_unmarked_slow": {"seconds": 7.5, "outcome": "failed", "markers": []},
+    "tests/test_b.py::test_nb[ch01]": {"seconds": 60.0, "outcome": "passed", "markers": ["notebook"]},
+}
+
+
+def test_table_sums_per_marker_and_file_and_names_unmarked_slow_tests(tmp_path):
+    st = _table_module()
+    text = st.table(DURATIONS, {"test": 754.0, "check": 150.0})
+    assert "| test | `make test` | 12 min 34 s | ≤ 15 min 00 s |" in text
+    assert "| check | `make check` | 2 min 30 s | ≤ 3 min 00 s |" in text and "| demo |" not in text
+    assert "| notebook | 1 | 60 | 56% |" in text and "| slow | 1 | 40 | 37% |" in text
+    assert "| `tests/test_b.py` | 2 | 67.5 |" in text and "| `tests/test_a.py` | 2 | 40.5 |" in text
+    assert "without a marker: 1 (`tests/test_b.py::test_unmarked_slow`)" in text
+    assert "1 failed, 3 passed" in text
+
+
+def test_cli_writes_both_files_and_rejects_a_bad_wall(tmp_path, capsys):
+    st = _table_module()
+    src = tmp_path / "d.json"
+    src.write_text(json.dumps(DURATIONS))
+    md, js = tmp_path / "R.md", tmp_path / "d_out.json"
+    assert st.main([str(src), "--wall", "test=600", "--out", str(md), "--json-out", str(js)]) == 0
+    assert json.loads(js.read_text())["tests/test_a.py::test_fast"] == {"seconds": 0.5, "markers": []}
+    assert "10 min 00 s" in md.read_text()
+    with pytest.raises(SystemExit):
+        st.main([str(src), "--wall", "tests=abc", "--out", str(md), "--json-out", str(js)])
+    assert "expected TIER=SECONDS" in capsys.readouterr().err
+
+
+class _Item:
+    """The parts of a pytest item that the ordering reads."""
+
+    def __init__(self, nodeid, keywords=(), module_fixture=False):
+        self.nodeid, self.keywords, self.markers = nodeid, set(keywords), []
+        self.module = type("M", (), {"__name__": nodeid.split("::")[0][:-3].replace("/", ".")})
+        scope = "module" if module_fixture else "function"
+        defs = [type("D", (), {"scope": scope, "baseid": nodeid.split("::")[0]})]
+        self._fixtureinfo = type("F", (), {"name2fixturedefs": {"f": defs}})
+
+    def add_marker(self, marker):
+        self.markers.append(marker)
+
+
+def test_work_is_ordered_longest_first_and_shared_fixtures_stay_together(monkeypatch, tmp_path):
+    import conftest
+
+    known = {"tests/test_x.py::test_long": {"seconds": 50.0}, "tests/test_x.py::test_short": {"seconds": 1.0},
+             "tests/test_m.py::test_one": {"seconds": 20.0}, "tests/test_m.py::test_two": {"seconds": 25.0}}
+    path = tmp_path / "durations.json"
+    path.write_text(json.dumps(known))
+    monkeypatch.setattr(conftest, "DURATIONS", path)
+    items = [_Item("tests/test_x.py::test_short"), _Item("tests/test_m.py::test_one", module_fixture=True),
+             _Item("tests/test_new.py::test_nb", keywords={"notebook"}), _Item("tests/test_x.py::test_long"),
+             _Item("tests/test_m.py::test_two", module_fixture=True)]
+    _group_and_order(items)
+    # a new notebook test is guessed at 120 s; the two tests sharing a module fixture (45 s) form one unit
+    assert [i.nodeid for i in items] == ["tests/test_new.py::test_nb", "tests/test_x.py::test_long",
+                                         "tests/test_m.py::test_one", "tests/test_m.py::test_two",
+                                         "tests/test_x.py::test_short"]
+    grouped = [i.nodeid for i in items if any(m.name == "xdist_group" for m in i.markers)]
+    assert grouped == ["tests/test_m.py::test_one", "tests/test_m.py::test_two"]
+
+
+def test_slow_threshold_and_markers_are_the_documented_ones():
+    assert SLOW_SECONDS == 5.0 and set(SLOW_MARKERS) == {"slow", "notebook", "distributed", "browser", "gpu"}
