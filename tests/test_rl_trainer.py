@@ -46,6 +46,7 @@ def test_step_metrics_and_train_inference_consistency(tmp_path, sft_file):
     assert (tmp_path / "summary.json").exists() and (tmp_path / "checkpoint" / "trainer.pt").exists()
 
 
+@pytest.mark.slow
 def test_router_frozen_by_default_and_trainable_when_asked(tmp_path, sft_file):
     frozen = run_rl(tiny(tmp_path / "f", sft_file, steps=2))
     for k, v in frozen["init_router"].items():
