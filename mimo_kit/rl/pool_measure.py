@@ -7,8 +7,7 @@
 - :func:`porter_memory`: the driver's memory (RSS, and the pickled size of what it holds) as the payload per
   trajectory grows (routed experts [tokens, layers, k]), with the porter (manifests only) and without (full samples).
 
-Both start a private head (:func:`~mimo_kit.infra.pool.start_local_head`) unless Ray is already running, keep it
-for the rest of the process (the next call reuses it; :func:`~mimo_kit.infra.pool.stop_local_head` ends it), and return
+Both start a private head (:func:`~mimo_kit.infra.pool.start_local_head`) unless Ray is already running, and return
 rows (dicts) for a table or :func:`plot_scaling` / :func:`plot_porter`. Small arguments run in seconds (notebooks);
 ``benchmarks/bench_pool.py`` runs the full sizes.
 """
@@ -37,22 +36,14 @@ from mimo_kit.rl.toy.world import make_tasks, rollout_settings
 
 
 @contextlib.contextmanager
-def ray_head(num_cpus: int = 2, *, keep: bool = False) -> Iterator[None]:
-    """A local head for the duration (none started when Ray is already initialised). ``keep``: leave it running
-    for the rest of the process (stopped at exit), so the next measurement (a notebook's next cell) reuses it
-    instead of paying another start of tens of seconds on 2 cores."""
-    import atexit
-
+def ray_head(num_cpus: int = 2) -> Iterator[None]:
+    """A local head for the duration (none started when Ray is already initialised)."""
     import ray
 
     if ray.is_initialized():
         yield
         return
     start_local_head(num_cpus=num_cpus)
-    if keep:
-        atexit.register(stop_local_head)
-        yield
-        return
     try:
         yield
     finally:
@@ -103,7 +94,7 @@ def pool_scaling(sizes: Sequence[int] = (8, 16), baseline_sizes: Sequence[int] =
     The file descriptors are counted when all rollouts of a size are open (the peak)."""
     settings = rollout_settings(max_turns=max_turns)
     rows: list[dict[str, Any]] = []
-    with ray_head(keep=True):
+    with ray_head():
         idle = {"side": "idle head", "rollouts": 0, "actors": 0, **_fds()}
         rows.append(idle)
         t0 = time.perf_counter()
@@ -141,7 +132,7 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
     from mimo_kit.infra.porter import ray_rollout_worker
 
     rows: list[dict[str, Any]] = []
-    with ray_head(keep=True):
+    with ray_head():
 
         @ray.remote(num_cpus=0)
         def learner(manifests: list) -> tuple[int, int]:  # another process fetches the payloads and flattens them
