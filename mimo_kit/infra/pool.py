@@ -416,6 +416,8 @@ class ActorPerRollout(_Hosts):
 #: Ray waits a fixed 30 s for a new head's raylet to register; on a loaded 2-core machine (a test suite's workers,
 #: a second head starting) it can miss that, so the start is tried this many times before the error stands.
 START_ATTEMPTS = 3
+#: Seconds a new raylet waits for its agents (runtime env, dashboard agent) to register before it aborts.
+AGENT_REGISTER_TIMEOUT_S = 120
 
 
 def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str, Any]:
@@ -436,6 +438,9 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     os.environ["RAY_AUTH_MODE"] = "token"
     os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the raylet waits this long for its Python agents to report their ports, then aborts (a loaded machine: several
+    # heads starting at once, a test suite's workers); Ray's default is far shorter than a cold start under load
+    os.environ.setdefault("RAY_agent_register_timeout_ms", str(AGENT_REGISTER_TIMEOUT_S * 1000))
     import ray
 
     if "ray._private.ray_constants" in sys.modules:  # imported before the variables were set: apply them now
