@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 PIP    := $(BIN)/python -m pip install -q --disable-pip-version-check $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 STAMP  := $(VENV)/.mimo-kit-installed
-# the suite runs on parallel workers (pytest-xdist); a work unit is a test, or a module's tests sharing a fixture
+# the suite runs on parallel workers (pytest-xdist), longest tests first (tests/conftest.py)
 WORKERS ?= 2
 PYTEST := $(BIN)/python -m pytest -q -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 FAST   := not slow and not notebook and not distributed and not browser and not gpu

@@ -76,23 +76,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ---- parallel workers -----------------------------------------------------------------------------------------
-# `make test` runs `pytest -n 2 --dist loadgroup`: the tests of a module that share a module-scoped fixture (a
-# trained policy, a server, a Ray head, a measured consistency table) form one work unit, so the fixture is built
-# once; work units are then handed out longest first (longest-processing-time scheduling), their lengths taken
-# from the last clean run's durations (`benchmarks/suite_durations.json`, written with RESULTS_suite.md), so no
-# worker is left with a long test at the end. A test the file does not know counts by its markers.
+# `make test` runs `pytest -n 2`: tests are handed out longest first (longest-processing-time scheduling), their
+# lengths taken from the last clean run's durations (`benchmarks/suite_durations.json`, written with
+# RESULTS_suite.md), so no worker is left with a long test at the end; tests of one `xdist_group` stay one unit.
+# A test the file does not know counts by its markers.
 DURATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "suite_durations.json"
 UNKNOWN_SECONDS = {"notebook": 120.0, "distributed": 30.0, "slow": 15.0}  # a new test's guess, by marker
 SLOW_MARKERS = ("slow", "notebook", "distributed", "browser", "gpu")
 SLOW_SECONDS = 5.0  # a test that takes longer carries one of SLOW_MARKERS (`make check` leaves those out)
-
-
-def _shared_module_fixture(item) -> bool:
-    """Does ``item`` use a module-scoped fixture defined in its own module?"""
-    info = getattr(item, "_fixtureinfo", None)
-    module = item.nodeid.split("::")[0]
-    return info is not None and any(d.scope == "module" and d.baseid == module
-                                    for defs in info.name2fixturedefs.values() for d in defs)
 
 
 def _group_and_order(items) -> None:
@@ -107,11 +98,8 @@ def _group_and_order(items) -> None:
 
     units: dict[str, list] = {}
     for item in items:
-        if _shared_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-            units.setdefault(item.module.__name__, []).append(item)
-        else:
-            units.setdefault(item.nodeid, []).append(item)
+        group = item.get_closest_marker("xdist_group")
+        units.setdefault(f"@{group.args[0]}" if group else item.nodeid, []).append(item)
     order = sorted(units.values(), key=lambda unit: -sum(seconds(i) for i in unit))
     items[:] = [i for unit in order for i in unit]
 
@@ -125,8 +113,14 @@ def pytest_addoption(parser):
 _durations: dict[str, dict] = {}
 
 
+def _plain_nodeid(nodeid: str) -> str:
+    """``nodeid`` without the ``@group`` suffix that ``--dist loadgroup`` appends to a grouped test's id."""
+    head, _, last = nodeid.rpartition("::")
+    return f"{head}::{last.rsplit('@', 1)[0]}" if "@" in last.rpartition("]")[2] else nodeid
+
+
 def pytest_runtest_logreport(report):
-    entry = _durations.setdefault(report.nodeid, {"seconds": 0.0, "outcome": "passed", "markers": []})
+    entry = _durations.setdefault(_plain_nodeid(report.nodeid), {"seconds": 0.0, "outcome": "passed", "markers": []})
     entry["seconds"] += report.duration
     entry["markers"] = sorted(m for m in SLOW_MARKERS if m in report.keywords) or entry["markers"]
     if report.failed:

@@ -99,6 +99,7 @@ def test_local_porter_round_trip_is_exact():
 
 
 # ---- on a local Ray head --------------------------------------------------------------------------------------------
+
 @pytest.fixture(scope="module")
 def ray_head():
     require("ray", "`pip install -e .[ray]`")
@@ -224,7 +225,7 @@ def test_a_head_that_misses_rays_start_deadline_is_started_again(monkeypatch):
     monkeypatch.setattr(ray, "init", init)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "shutdown", lambda: None)
-    monkeypatch.setattr(pool, "ray_processes", lambda: {"gcs_server": [], "raylet": [], "workers": []})
+    monkeypatch.setattr(pool, "_kill_ray_children", lambda: None)
     assert start_local_head() == {"address": "127.0.0.1:1", "node_ip": "127.0.0.1"} and len(calls) == 2
 
     def broken(**kwargs):

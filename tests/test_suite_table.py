@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SLOW_MARKERS, SLOW_SECONDS, _group_and_order
+from conftest import SLOW_MARKERS, SLOW_SECONDS, _group_and_order, _plain_nodeid
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,18 +57,14 @@ def test_cli_writes_both_files_and_rejects_a_bad_wall(tmp_path, capsys):
 class _Item:
     """The parts of a pytest item that the ordering reads."""
 
-    def __init__(self, nodeid, keywords=(), module_fixture=False):
-        self.nodeid, self.keywords, self.markers = nodeid, set(keywords), []
-        self.module = type("M", (), {"__name__": nodeid.split("::")[0][:-3].replace("/", ".")})
-        scope = "module" if module_fixture else "function"
-        defs = [type("D", (), {"scope": scope, "baseid": nodeid.split("::")[0]})]
-        self._fixtureinfo = type("F", (), {"name2fixturedefs": {"f": defs}})
+    def __init__(self, nodeid, keywords=(), group=None):
+        self.nodeid, self.keywords, self.group = nodeid, set(keywords), group
 
-    def add_marker(self, marker):
-        self.markers.append(marker)
+    def get_closest_marker(self, name):
+        return pytest.mark.xdist_group(self.group).mark if name == "xdist_group" and self.group else None
 
 
-def test_work_is_ordered_longest_first_and_shared_fixtures_stay_together(monkeypatch, tmp_path):
+def test_work_is_ordered_longest_first_and_a_group_stays_together(monkeypatch, tmp_path):
     import conftest
 
     known = {"tests/test_x.py::test_long": {"seconds": 50.0}, "tests/test_x.py::test_short": {"seconds": 1.0},
@@ -76,17 +72,21 @@ def test_work_is_ordered_longest_first_and_shared_fixtures_stay_together(monkeyp
     path = tmp_path / "durations.json"
     path.write_text(json.dumps(known))
     monkeypatch.setattr(conftest, "DURATIONS", path)
-    items = [_Item("tests/test_x.py::test_short"), _Item("tests/test_m.py::test_one", module_fixture=True),
+    items = [_Item("tests/test_x.py::test_short"), _Item("tests/test_m.py::test_one", group="test_m"),
              _Item("tests/test_new.py::test_nb", keywords={"notebook"}), _Item("tests/test_x.py::test_long"),
-             _Item("tests/test_m.py::test_two", module_fixture=True)]
+             _Item("tests/test_m.py::test_two", group="test_m")]
     _group_and_order(items)
-    # a new notebook test is guessed at 120 s; the two tests sharing a module fixture (45 s) form one unit
+    # a new notebook test is guessed at 120 s; the two tests of one xdist group (45 s) form one unit
     assert [i.nodeid for i in items] == ["tests/test_new.py::test_nb", "tests/test_x.py::test_long",
                                          "tests/test_m.py::test_one", "tests/test_m.py::test_two",
                                          "tests/test_x.py::test_short"]
-    grouped = [i.nodeid for i in items if any(m.name == "xdist_group" for m in i.markers)]
-    assert grouped == ["tests/test_m.py::test_one", "tests/test_m.py::test_two"]
 
 
 def test_slow_threshold_and_markers_are_the_documented_ones():
     assert SLOW_SECONDS == 5.0 and set(SLOW_MARKERS) == {"slow", "notebook", "distributed", "browser", "gpu"}
+
+
+def test_the_loadgroup_suffix_is_dropped_from_recorded_ids():
+    assert _plain_nodeid("tests/test_m.py::test_one@tests.test_m") == "tests/test_m.py::test_one"
+    assert _plain_nodeid("tests/test_m.py::test_p[a@b]@g") == "tests/test_m.py::test_p[a@b]"
+    assert _plain_nodeid("tests/test_m.py::test_p[a@b]") == "tests/test_m.py::test_p[a@b]"

@@ -465,18 +465,21 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
                 raise
             # a loaded machine: the raylet did not register within Ray's fixed 30 s; end what started, start again
             ray.shutdown()
-            _kill_children(sum(ray_processes().values(), []))
+            _kill_ray_children()
     return {"address": ctx.address_info.get("gcs_address"), "node_ip": ctx.address_info.get("node_ip_address")}
 
 
-def _kill_children(pids: list[int]) -> None:
+def _kill_ray_children() -> None:
+    """Kill what a failed head start left running: every child process of this driver that runs Ray's code (GCS,
+    raylet, monitors, agents, workers)."""
     import psutil
 
     procs = []
-    for pid in pids:
+    for p in psutil.Process().children(recursive=True):
         try:
-            procs.append(psutil.Process(pid))
-            procs[-1].kill()
+            if "ray" in " ".join(p.cmdline()) or p.name() in ("gcs_server", "raylet"):
+                p.kill()
+                procs.append(p)
         except psutil.Error:
             continue
     psutil.wait_procs(procs, timeout=10)
