@@ -28,6 +28,19 @@ if FORCED_THREADS:
 
 _session_threads: int | None = None
 
+# One cache of trained artefacts per test run (mimo_kit.cache): the first test that needs an SFT warm start trains
+# it, every later one with the same config loads it. The controller makes the folder before the xdist workers
+# start, so they (and the kernels and ranks they start) inherit it; two concurrent runs each have their own.
+# (Trained tokenizers live in the same root.) `MIMO_KIT_CACHE=~/.cache/mimo_kit make test` keeps one across runs.
+_own_cache: Path | None = None
+if not os.environ.get("PYTEST_XDIST_WORKER") and "MIMO_KIT_CACHE" not in os.environ:
+    import tempfile
+
+    _runs = Path(__file__).resolve().parent.parent / "runs"
+    _runs.mkdir(exist_ok=True)
+    _own_cache = Path(tempfile.mkdtemp(prefix="test-cache-", dir=_runs))
+    os.environ["MIMO_KIT_CACHE"] = str(_own_cache)
+
 
 def pytest_configure(config):
     global _session_threads
@@ -59,6 +72,7 @@ def pytest_report_header(config):
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """``gpu`` tests are skipped on machines without CUDA; the rest are grouped and ordered for parallel workers."""
     try:
@@ -79,7 +93,9 @@ def pytest_collection_modifyitems(config, items):
 # `make test` runs `pytest -n 2`: tests are handed out longest first (longest-processing-time scheduling), their
 # lengths taken from the last clean run's durations (`benchmarks/suite_durations.json`, written with
 # RESULTS_suite.md), so no worker is left with a long test at the end; tests of one `xdist_group` stay one unit.
-# A test the file does not know counts by its markers.
+# A test the file does not know counts by its markers. The tests of a module that share a module-scoped fixture
+# (a Ray head, a two-process training run, a trained tokenizer) form one group, so the fixture is built once per
+# run instead of once per worker (an explicit `xdist_group` mark wins).
 DURATIONS = Path(__file__).resolve().parents[1] / "benchmarks" / "suite_durations.json"
 UNKNOWN_SECONDS = {"notebook": 120.0, "distributed": 30.0, "slow": 15.0}  # a new test's guess, by marker
 SLOW_MARKERS = ("slow", "notebook", "distributed", "browser", "gpu")
@@ -98,10 +114,18 @@ def _group_and_order(items) -> None:
 
     units: dict[str, list] = {}
     for item in items:
+        if item.get_closest_marker("xdist_group") is None and _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
         group = item.get_closest_marker("xdist_group")
         units.setdefault(f"@{group.args[0]}" if group else item.nodeid, []).append(item)
     order = sorted(units.values(), key=lambda unit: -sum(seconds(i) for i in unit))
     items[:] = [i for unit in order for i in unit]
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module"
+                                    for defs in info.name2fixturedefs.values())
 
 
 def pytest_addoption(parser):
@@ -135,6 +159,13 @@ def pytest_sessionfinish(session, exitstatus):
     path = session.config.getoption("--durations-json")
     if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports
         Path(path).write_text(json.dumps(dict(sorted(_durations.items())), indent=1) + "\n")
+
+
+def pytest_unconfigure(config):
+    if _own_cache is not None:
+        import shutil
+
+        shutil.rmtree(_own_cache, ignore_errors=True)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

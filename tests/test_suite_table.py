@@ -57,11 +57,17 @@ def test_cli_writes_both_files_and_rejects_a_bad_wall(tmp_path, capsys):
 class _Item:
     """The parts of a pytest item that the ordering reads."""
 
-    def __init__(self, nodeid, keywords=(), group=None):
+    def __init__(self, nodeid, keywords=(), group=None, fixture_scopes=()):
         self.nodeid, self.keywords, self.group = nodeid, set(keywords), group
+        self._fixtureinfo = type("Info", (), {"name2fixturedefs": {
+            f"f{i}": [type("Def", (), {"scope": scope})()] for i, scope in enumerate(fixture_scopes)}})()
 
     def get_closest_marker(self, name):
         return pytest.mark.xdist_group(self.group).mark if name == "xdist_group" and self.group else None
+
+    def add_marker(self, mark):
+        assert mark.name == "xdist_group"
+        self.group = mark.args[0]
 
 
 def test_work_is_ordered_longest_first_and_a_group_stays_together(monkeypatch, tmp_path):
@@ -90,3 +96,18 @@ def test_the_loadgroup_suffix_is_dropped_from_recorded_ids():
     assert _plain_nodeid("tests/test_m.py::test_one@tests.test_m") == "tests/test_m.py::test_one"
     assert _plain_nodeid("tests/test_m.py::test_p[a@b]@g") == "tests/test_m.py::test_p[a@b]"
     assert _plain_nodeid("tests/test_m.py::test_p[a@b]") == "tests/test_m.py::test_p[a@b]"
+
+
+def test_the_tests_sharing_a_module_fixture_form_one_group(monkeypatch, tmp_path):
+    """So a module fixture (a Ray head, a two-process run) is built once per run, not once per worker."""
+    import conftest
+
+    monkeypatch.setattr(conftest, "DURATIONS", tmp_path / "none.json")
+    items = [_Item("tests/test_r.py::test_a", fixture_scopes=("function", "module")),
+             _Item("tests/test_r.py::test_b", fixture_scopes=("module",)),
+             _Item("tests/test_r.py::test_c", fixture_scopes=("function", "session")),
+             _Item("tests/test_s.py::test_d", fixture_scopes=("module",), group="mine")]
+    _group_and_order(items)
+    assert {i.nodeid: i.group for i in items} == {"tests/test_r.py::test_a": "tests/test_r.py",
+                                                 "tests/test_r.py::test_b": "tests/test_r.py",
+                                                 "tests/test_r.py::test_c": None, "tests/test_s.py::test_d": "mine"}

@@ -161,7 +161,8 @@ def trace_tokenizer(traces: list[dict], vocab_size: int = 512, cache_dir: str | 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from mimo_kit.pretrain.tokenizer import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS, cache_root
+    from mimo_kit.cache import cache_root
+    from mimo_kit.pretrain.tokenizer import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
 
     texts = _trace_text(traces)
     h = hashlib.sha256(json.dumps([vocab_size, SPECIAL_TOKENS, CHAT_TEMPLATE]).encode())

@@ -24,6 +24,7 @@ import json
 import os
 from pathlib import Path
 
+from mimo_kit.cache import cache_root
 from mimo_kit.corpus import document_split, documents
 
 EOS, PAD = "<|endoftext|>", "<|pad|>"
@@ -68,11 +69,6 @@ CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
 )
-
-
-def cache_root() -> Path:
-    """``$MIMO_KIT_CACHE`` or ``~/.cache/mimo_kit``: trained tokenizers and tokenised corpora live here."""
-    return Path(os.environ.get("MIMO_KIT_CACHE") or Path.home() / ".cache" / "mimo_kit")
 
 
 def _training_text(corpus_bytes: int | None, val_fraction: float) -> list[str]:

@@ -143,14 +143,14 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
             return int(batch.routed_experts.sum()) if batch.routed_experts is not None else 0, batch.shape[1]
 
         task_list = make_tasks(tasks, seed)
-        for use_porter in (True, False):
-            for n_layers in layers:
-                settings = rollout_settings(max_turns=max_turns, return_routed_experts=n_layers > 0,
-                                            return_candidates=True)
-                worker = ray_rollout_worker(SeededToyEngine(seed, layers=max(n_layers, 1), k=k, n_experts=64,
-                                                            n_candidates=4), settings)
-                warm = [(task_list[0].task_id, [ToyBuild(task_list[0])])]
-                ray.get(worker.run_built.remote(warm, False))  # the worker is warm
+        for n_layers in layers:  # one worker per payload size plays both sides: the same seed, the same samples
+            settings = rollout_settings(max_turns=max_turns, return_routed_experts=n_layers > 0,
+                                        return_candidates=True)
+            worker = ray_rollout_worker(SeededToyEngine(seed, layers=max(n_layers, 1), k=k, n_experts=64,
+                                                        n_candidates=4), settings)
+            warm = [(task_list[0].task_id, [ToyBuild(task_list[0])])]
+            ray.get(worker.run_built.remote(warm, False))  # the worker is warm
+            for use_porter in (True, False):
                 before = _rss()
                 t0 = time.perf_counter()
                 held = ray.get(worker.run_built.remote([(t.task_id, [ToyBuild(t)] * group) for t in task_list],
@@ -164,7 +164,8 @@ def porter_memory(layers: Sequence[int] = (0, 8), *, k: int = 8, tasks: int = 4,
                              "driver_rss_delta_mb": round((after - before) / 2**20, 1), "rollout_s": round(wall, 2),
                              "learner_routed_sum": routed_sum})
                 del held
-                ray.kill(worker)
+            ray.kill(worker)
+    rows.sort(key=lambda r: not r["porter"])  # porter rows first, each side in payload order
     sizes = {r["layers"]: r["payload_mb"] for r in rows if not r["porter"]}  # same seed: the same samples
     for r in rows:
         r["payload_mb"] = round(sizes[r["layers"]] / 2**20, 3)

@@ -65,6 +65,7 @@ from typing import Any
 
 import torch
 
+from mimo_kit import cache
 from mimo_kit.checkpoint import atomic_save, load_sharded, save_sharded
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra import rollout
@@ -705,7 +706,8 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
 
 
 def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = None):
-    """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else trained and saved.
+    """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else from the cache of warm starts
+    (:mod:`mimo_kit.cache`: another run of the same config trained it), else trained and saved to both.
 
     Returns the policy on the learner's device, sharded when the run shards (SFT then trains sharded too)."""
     world = world or cfg.make_world()
@@ -719,9 +721,14 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
         return load_student(cfg.student, world.tokenizer).to(d.device), []
     model = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)  # the same seed: the same init on
     key = {"policy": cfg.policy.to_dict(), "sft": cfg.sft.to_dict(), "seed": cfg.seed, "world": cfg.world,  # all ranks
+           "max_turns": cfg.max_turns, "dtype": str(resolve_precision(cfg.precision, d.device)),
            **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}
     path = out / "sft.pt"
     saved = torch.load(path, weights_only=False) if path.exists() else None
+    if saved is None or saved["key"] != key:
+        saved = _cached_sft(key, d)
+        if saved is not None and d.is_main:  # the run folder holds its own warm start, as if trained here
+            atomic_save(saved, path)
     if saved is not None and saved["key"] == key:
         model.load_state_dict(saved["model"])
     model.to(d.device)
@@ -741,9 +748,23 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
                             activation_checkpointing=cfg.activation_checkpointing)
     weights = full_state_dict(model)
     if d.is_main:
-        atomic_save({"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses}, path)
+        saved = {"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses}
+        atomic_save(saved, path)
+        cache.store("sft", key, saved)
     d.barrier()
     return model, losses
+
+
+def _cached_sft(key: dict, d: Dist) -> dict | None:
+    """The warm start another run with the same ``key`` trained (:mod:`mimo_kit.cache`), or ``None``.
+
+    Rank 0 looks and every rank loads what it found, so all ranks take the same branch."""
+    found = None
+    if d.is_main:
+        p = cache.path_for("sft", key)
+        found = str(p) if p.is_file() else None
+    found = d.broadcast_object(found)
+    return torch.load(found, weights_only=False) if found else None
 
 
 #: fields a resumed run may change: they do not alter what the first steps computed

@@ -43,13 +43,15 @@ class SpecBenchConfig(Config):
     prompt_len: int = knob(48, "tokens per prompt (longer than the tiny SWA window)", min=1)
     new_tokens: int = knob(96, "tokens generated per prompt", min=1)
     quick: bool = knob(False, "smoke-sized run (notebooks set it from MIMO_KIT_QUICK)")
-    out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = <repo>/runs/ch02b, "
-                                     "shared by the notebook and the command line")
+    out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = runs/ch02b in the "
+                                     "working directory, as every run folder")
     seed: int = knob(0, "prompts and sampling", min=0)
     rounds: int = knob(1, "alternated plain/speculative timing rounds per drafter seed; medians and spreads over "
                           "seeds × rounds", min=1)
     seeds: int = knob(3, "drafter seeds (init, data order, anchors: train.seed, train.seed + 1, …) per setting; "
                          "accepted lengths are mean ± sd over them", min=1)
+    quick_seeds: int = knob(2, "drafter seeds of a quick run (at most ``seeds``): two still give a spread; the full "
+                               "run's are in the committed notebook", min=1)
 
     PRESETS = {
         # The report's two block sizes (8 by default, 6 in RL serving) and the MTP drafter at block 6, 3 seeds each:
@@ -84,11 +86,14 @@ BACKBONE_SHAPES: dict[str, dict] = {
 }
 
 
+def n_seeds(cfg: SpecBenchConfig) -> int:
+    """Drafter seeds per setting: ``seeds``, or ``quick_seeds`` of them in a quick run."""
+    return min(cfg.seeds, cfg.quick_seeds) if cfg.quick else cfg.seeds
+
+
 def run_dir(cfg: SpecBenchConfig) -> str:
     """Quick and full runs keep separate checkpoints, so neither resumes the other's."""
-    from pathlib import Path
-
-    base = cfg.out_dir or str(Path(__file__).resolve().parents[2] / "runs" / "ch02b")
+    base = cfg.out_dir or "runs/ch02b"
     shape = "" if cfg.backbone_shape == "tiny" else f"-{cfg.backbone_shape}"
     return f"{base}/{'quick' if cfg.quick else 'full'}{shape}"
 
@@ -217,7 +222,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     drafters: dict[str, list] = {}
     logs: dict[int, list] = {}
     mtp_logs: dict[int, list] = {}
-    for s in range(cfg.seeds):
+    for s in range(n_seeds(cfg)):
         seed = {"seed": cfg.train.seed + s}
         for B in cfg.block_sizes:
             trained = train_drafter(backbone, streams["train"].long(),
@@ -234,7 +239,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     costs = step_costs(backbone, {k: v[0] for k, v in drafters.items()}, prompts[0],
                        tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
     per: dict[tuple[str, float, int], list[dict]] = {}
-    for s in range(cfg.seeds):
+    for s in range(n_seeds(cfg)):
         for T in cfg.temperatures:
             for r in range(cfg.rounds):
                 for name, seeded in drafters.items():

@@ -252,7 +252,7 @@ def make_repo_tasks(n: int, seed: int, families: Sequence[str] = FAMILIES, prefi
 
 def task_root(task: RepoTask, task_dir: str = "") -> Path:
     """The task's folder (written once; a folder named by the task's content hash is reused)."""
-    from mimo_kit.pretrain.tokenizer import cache_root
+    from mimo_kit.cache import cache_root
 
     key = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode()).hexdigest()[:16]
     return (Path(task_dir) if task_dir else cache_root() / "repo_tasks") / f"{task.task_id}-{key}"
@@ -421,7 +421,7 @@ def load_world_tokenizer(cfg: RepoWorldConfig) -> BPETokenizer:
     """The world's BPE: trained once on byte-level expert traces of every harness, cached by its settings."""
     from tokenizers import Tokenizer
 
-    from mimo_kit.pretrain.tokenizer import cache_root
+    from mimo_kit.cache import cache_root
 
     key = hashlib.sha256(json.dumps([cfg.vocab_size, cfg.tokenizer_traces, sorted(set(cfg.families)),
                                      sorted(set(cfg.train_harnesses) | set(cfg.eval_harnesses)), 1]).encode())
