@@ -122,6 +122,11 @@ def _group_and_order(items) -> None:
     items[:] = [i for unit in order for i in unit]
 
 
+#: the xdist group of every test that starts a Ray head (tests/test_pool.py, chapters that call start_local_head):
+#: on 2 cores two heads starting at once miss Ray's start deadlines, so a run starts one at a time
+RAY_GROUP = "ray-head"
+
+
 def _uses_module_fixture(item) -> bool:
     info = getattr(item, "_fixtureinfo", None)
     return info is not None and any(defs and defs[-1].scope == "module"

@@ -2,10 +2,20 @@
 
 import nbformat
 import pytest
+from conftest import RAY_GROUP
 
 from mimo_kit.course import NOTEBOOK_DIR, execute, notebooks, source_hash
 
 NOTEBOOKS = notebooks(NOTEBOOK_DIR)
+
+
+def _starts_ray(path) -> bool:
+    return any("start_local_head" in c.source for c in nbformat.read(path, as_version=4).cells)
+
+
+#: a chapter that starts a Ray head joins the suite's Ray group (one head at a time, tests/conftest.py)
+QUICK_RUNS = [pytest.param(p, id=p.stem, marks=[pytest.mark.xdist_group(RAY_GROUP)] if _starts_ray(p) else [])
+              for p in NOTEBOOKS]
 PER_NOTEBOOK_TIMEOUT = 600  # seconds per cell; pytest-timeout bounds the whole notebook
 
 
@@ -15,7 +25,7 @@ def test_there_are_chapter_notebooks():
 
 @pytest.mark.notebook
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", QUICK_RUNS)
 def test_notebook_executes_in_quick_mode(path, tmp_path):
     # the kernel's folder is private (its runs/ go there), so concurrent suites never share a chapter's run
     nb = execute(path, quick=True, preset="tiny", timeout=PER_NOTEBOOK_TIMEOUT, cwd=tmp_path)

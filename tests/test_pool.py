@@ -3,7 +3,7 @@
 import pickle
 
 import pytest
-from conftest import require
+from conftest import RAY_GROUP, require
 
 from mimo_kit.infra import rollout
 from mimo_kit.infra.pool import (
@@ -110,6 +110,7 @@ def ray_head():
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_head_listens_on_loopback_only(ray_head):
     import psutil
 
@@ -124,6 +125,7 @@ def test_ray_head_listens_on_loopback_only(ray_head):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_pool_hosts_64_concurrent_tenants_and_matches_in_process_play(ray_head):
     tasks, engine = make_tasks(12, 11), SeededToyEngine(7)
     pool = HarnessPool(2, backend="ray", tool_threads=8)
@@ -146,6 +148,7 @@ def test_ray_pool_hosts_64_concurrent_tenants_and_matches_in_process_play(ray_he
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_actor_per_rollout_matches(ray_head):
     tasks, engine = make_tasks(1, 12), SeededToyEngine(8)
     apr = ActorPerRollout(backend="ray")
@@ -155,6 +158,7 @@ def test_ray_actor_per_rollout_matches(ray_head):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_pool_runs_repo_world_episodes(ray_head, tmp_path):
     import random
 
@@ -180,6 +184,7 @@ def test_ray_pool_runs_repo_world_episodes(ray_head, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_porter_learner_reassembles_the_same_samples(ray_head):
     import ray
 
