@@ -31,6 +31,8 @@ import nbformat
 
 #: The chapter notebooks of a checkout of the kit.
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+#: Each test's seconds in the last clean suite run (``make suite-table``): the chapters' quick-mode times.
+SUITE_DURATIONS = Path(__file__).resolve().parent.parent / "benchmarks" / "suite_durations.json"
 
 
 @dataclasses.dataclass
@@ -49,6 +51,16 @@ def source_hash(nb: nbformat.NotebookNode) -> str:
     for cell in nb.cells:
         h.update(cell.cell_type.encode() + b"\0" + cell.source.encode() + b"\0")
     return h.hexdigest()
+
+
+def quick_seconds(stem: str, durations: Path = SUITE_DURATIONS) -> float:
+    """Seconds the chapter took in quick mode in the last clean suite run (``benchmarks/suite_durations.json``,
+    written by ``make suite-table``); a chapter the file does not know counts as the longest."""
+    import json
+
+    known = json.loads(durations.read_text()) if durations.is_file() else {}
+    entry = known.get(f"tests/test_notebooks.py::test_notebook_executes_in_quick_mode[{stem}]")
+    return float(entry["seconds"]) if entry else float("inf")
 
 
 def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -283,10 +295,12 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
         figures = extract_figures(nb, out / "figures", path.stem)
         return ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures)
 
+    # longest chapters first (by the last suite run's quick times), so no kernel is left with a long one at the end
+    order = sorted(range(len(paths)), key=lambda i: -quick_seconds(stems[i]))
     done: dict[int, ChapterRun] = {}
     with ThreadPoolExecutor(max_workers=min(jobs, max(1, len(paths)))) as pool, \
             tqdm(total=len(paths), desc="course", unit="chapter") as bar:
-        futures = {pool.submit(chapter, i, path): i for i, path in enumerate(paths)}
+        futures = {pool.submit(chapter, i, paths[i]): i for i in order}
         for future in as_completed(futures):
             run = done[futures[future]] = future.result()
             bar.set_postfix_str(f"{run.name} {'ok' if run.ok else 'failed'} {run.seconds:.0f} s")

@@ -207,3 +207,27 @@ def test_cli_bad_input_is_a_clear_error(capsys, argv, named):
 
 def test_gib_is_two_to_the_thirty():
     assert GIB == 1024**3
+
+
+@pytest.mark.slow
+def test_the_qwen_inventory_is_built_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
+    """Building Qwen3.5-9B on the meta device takes seconds; a second process reads the same inventory."""
+    from mimo_kit.distill import qwen
+    from mimo_kit.infra import plan
+
+    monkeypatch.setenv("MIMO_KIT_CACHE", str(tmp_path))
+    plan._named_shape.cache_clear()
+    try:
+        built = plan.model_shape("qwen3.5-9b")
+        assert len(list((tmp_path / "model-shape").iterdir())) == 1
+        plan._named_shape.cache_clear()  # as a new process would start
+
+        def no_build(*a, **k):
+            raise AssertionError("built again")
+
+        monkeypatch.setattr(qwen, "text_model_on_meta", no_build)
+        read = plan.model_shape("qwen3.5-9b")
+        assert (read.params, read.tensors, read.sites, read.vision_params) == (
+            built.params, built.tensors, built.sites, built.vision_params)
+    finally:
+        plan._named_shape.cache_clear()

@@ -224,11 +224,19 @@ def _shape_of(name: str, family: str, config: Any, model: Any, vision_params: in
 
 @functools.lru_cache(maxsize=8)
 def _named_shape(name: str) -> Shape:
-    if name == QWEN:
+    if name == QWEN:  # building Qwen3.5-9B on the meta device takes seconds: once per kit and transformers version
+        import transformers
+
+        from mimo_kit import cache
         from mimo_kit.distill.qwen import qwen35_9b_config, qwen35_9b_parameters, text_model_on_meta
 
-        text = qwen35_9b_config().text_config
-        return _shape_of(name, "qwen3.5", text, text_model_on_meta(text), qwen35_9b_parameters()["vision"])
+        key = {"model": name, "transformers": transformers.__version__}
+        shape = cache.lookup("model-shape", key)
+        if shape is None:
+            text = qwen35_9b_config().text_config
+            shape = _shape_of(name, "qwen3.5", text, text_model_on_meta(text), qwen35_9b_parameters()["vision"])
+            cache.store("model-shape", key, shape)
+        return shape
     from mimo_kit.model.config import MiMoConfig
 
     return model_shape(MiMoConfig.preset(name), name)
