@@ -452,20 +452,29 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     if ray.is_initialized():
         raise RuntimeError("start_local_head: Ray is already initialised in this process")
     root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    for attempt in range(1, START_ATTEMPTS + 1):
-        try:
-            ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, dashboard_host="127.0.0.1",
-                           _node_ip_address="127.0.0.1", object_store_memory=object_store_mb * 2**20,
-                           log_to_driver=False, configure_logging=False,
-                           runtime_env={"env_vars": {"PYTHONPATH": path}})
-            break
-        except Exception as e:  # Ray raises a bare Exception when its raylet misses the start deadline
-            if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
-                raise
-            # a loaded machine: the raylet did not register within Ray's fixed 30 s; end what started, start again
-            ray.shutdown()
-            _kill_ray_children()
+    before = os.environ.get("PYTHONPATH")
+    # the raylet inherits this environment and its workers inherit the raylet's: a plain variable, not a runtime
+    # env (a runtime env sends every worker start through Ray's agent: ~8 s a worker on 2 cores instead of ~0.5 s)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in (before or "").split(os.pathsep) if p])
+    try:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                               dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
+                               object_store_memory=object_store_mb * 2**20, log_to_driver=False,
+                               configure_logging=False)
+                break
+            except Exception as e:  # Ray raises a bare Exception when its raylet misses the start deadline
+                if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
+                    raise
+                # a loaded machine: the raylet did not register within Ray's fixed 30 s; end what started, retry
+                ray.shutdown()
+                _kill_ray_children()
+    finally:  # the driver's own subprocesses see the environment they had
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
     return {"address": ctx.address_info.get("gcs_address"), "node_ip": ctx.address_info.get("node_ip_address")}
 
 
