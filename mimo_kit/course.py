@@ -53,14 +53,14 @@ def source_hash(nb: nbformat.NotebookNode) -> str:
     return h.hexdigest()
 
 
-def quick_seconds(stem: str, durations: Path = SUITE_DURATIONS) -> float:
-    """Seconds the chapter took in quick mode in the last clean suite run (``benchmarks/suite_durations.json``,
-    written by ``make suite-table``); a chapter the file does not know counts as the longest."""
+def quick_seconds(durations: Path = SUITE_DURATIONS) -> dict[str, float]:
+    """Seconds each chapter took in quick mode in the last clean suite run (``benchmarks/suite_durations.json``,
+    written by ``make suite-table``), by notebook stem; empty when the file is absent."""
     import json
 
     known = json.loads(durations.read_text()) if durations.is_file() else {}
-    entry = known.get(f"tests/test_notebooks.py::test_notebook_executes_in_quick_mode[{stem}]")
-    return float(entry["seconds"]) if entry else float("inf")
+    test = re.compile(r"tests/test_notebooks\.py::test_notebook_executes_in_quick_mode\[(.+)\]")
+    return {m.group(1): float(v["seconds"]) for k, v in known.items() if (m := test.fullmatch(k))}
 
 
 def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -295,8 +295,10 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
         figures = extract_figures(nb, out / "figures", path.stem)
         return ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures)
 
-    # longest chapters first (by the last suite run's quick times), so no kernel is left with a long one at the end
-    order = sorted(range(len(paths)), key=lambda i: -quick_seconds(stems[i]))
+    # longest chapters first (by the last suite run's quick times; a chapter it does not know counts as longest),
+    # so no kernel is left with a long one at the end
+    seconds = quick_seconds()
+    order = sorted(range(len(paths)), key=lambda i: -seconds.get(stems[i], float("inf")))
     done: dict[int, ChapterRun] = {}
     with ThreadPoolExecutor(max_workers=min(jobs, max(1, len(paths)))) as pool, \
             tqdm(total=len(paths), desc="course", unit="chapter") as bar:

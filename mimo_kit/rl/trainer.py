@@ -725,16 +725,16 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
            **({"repo": cfg.repo.to_dict()} if cfg.world == "repo" else {})}
     path = out / "sft.pt"
     saved = torch.load(path, weights_only=False) if path.exists() else None
-    if saved is None or saved["key"] != key:
+    if saved is None or saved["key"] != key:  # not this folder's: another run of this config may have trained it
         saved = _cached_sft(key, d)
         if saved is not None and d.is_main:  # the run folder holds its own warm start, as if trained here
             atomic_save(saved, path)
-    if saved is not None and saved["key"] == key:
+    if saved is not None:  # its key is this run's
         model.load_state_dict(saved["model"])
     model.to(d.device)
     if uses_fsdp(d, cfg.fsdp):
         shard_model(model, d)
-    if saved is not None and saved["key"] == key:
+    if saved is not None:
         return model, saved["losses"]
     data = None
     if d.is_main:  # the expert's traces once (the repo world plays them in the sandbox), then to every rank
