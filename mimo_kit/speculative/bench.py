@@ -208,7 +208,8 @@ def _spread(values: list[float]) -> dict:
 
 def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     """Train ``seeds`` block drafters per block size and ``seeds`` MTP modules per MTP budget on the pre-trained
-    backbone, then measure each at each temperature (Report §2, §6).
+    backbone (``quick_seeds`` of them in a quick run: the result's ``seeds``), then measure each at each temperature
+    (Report §2, §6).
 
     For every drafter seed, temperature and round, every drafter decodes the same prompts in turn (each time
     alternating plain and speculative decoding, :func:`measure`), so the drafters of one round share the
@@ -268,7 +269,8 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                                                     for k in range(K)],
                          "acceptance_by_position_by_seed": [r["acceptance_by_position"] for r in mine]})
     return {"rows": rows, "seed_rows": seed_rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone,
-            "costs": costs, "drafters": {k: v[0] for k, v in drafters.items()}, "drafters_by_seed": drafters}
+            "seeds": n_seeds(cfg), "costs": costs, "drafters": {k: v[0] for k, v in drafters.items()},
+            "drafters_by_seed": drafters}
 
 
 def throughput_ratios(seed_rows: list[dict], a: str, b: str, temperature: float) -> list[float]:
