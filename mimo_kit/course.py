@@ -275,8 +275,6 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     paths = [p for p in notebooks(directory) if only is None or only in p.stem]
     stems = [p.stem for p in paths]
     local_mathjax(out)
-    if quick:
-        write_committed(paths, out)
     # kernels running side by side share the cores (unless the caller fixed OMP_NUM_THREADS)
     threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, len(os.sched_getaffinity(0)) // jobs)
 
@@ -303,10 +301,14 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     with ThreadPoolExecutor(max_workers=min(jobs, max(1, len(paths)))) as pool, \
             tqdm(total=len(paths), desc="course", unit="chapter") as bar:
         futures = {pool.submit(chapter, i, paths[i]): i for i in order}
+        # the committed pages are converted last, by whichever kernel slot frees first (it fills the tail)
+        committed = pool.submit(write_committed, paths, out) if quick else None
         for future in as_completed(futures):
             run = done[futures[future]] = future.result()
             bar.set_postfix_str(f"{run.name} {'ok' if run.ok else 'failed'} {run.seconds:.0f} s")
             bar.update()
+        if committed is not None:
+            committed.result()
     runs = [done[i] for i in range(len(paths))]
     write_index(runs, out, quick=quick, preset=preset)
     return runs
