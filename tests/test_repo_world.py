@@ -176,7 +176,8 @@ def test_an_expired_group_releases_its_episodes_workspaces(tmp_path):
     from mimo_kit.infra.rollout import Rollout
     from mimo_kit.rl.trajectory import Segment
 
-    world = repo.RepoWorld(repo.RepoWorldConfig(task_dir=str(tmp_path)))
+    # the byte tokenizer: this test is about workspaces, not the world's BPE (trained on first use, ~15 s)
+    world = repo.RepoWorld(repo.RepoWorldConfig(task_dir=str(tmp_path)), tokenizer=ByteTokenizer())
     gid, eps = world.episodes(repo.make_repo_tasks(1, 0)[0], 2)
     roots = [ep.env.workspace.root for ep in eps]
     assert all(r.exists() for r in roots)
