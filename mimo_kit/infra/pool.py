@@ -29,7 +29,9 @@ A tenant that raises (in its builder, ``act`` or ``outcome``) is recorded as fai
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
+import tempfile
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -415,7 +417,7 @@ class ActorPerRollout(_Hosts):
 # ---- a local Ray head ---------------------------------------------------------------------------------------------
 #: Ray waits a fixed 30 s for a new head's raylet to register; on a loaded 2-core machine (a test suite's workers,
 #: a second head starting) it can miss that, so the start is tried this many times before the error stands.
-START_ATTEMPTS = 3
+START_ATTEMPTS = 4
 #: Seconds a new raylet waits for its agents (runtime env, dashboard agent) to register before it aborts.
 AGENT_REGISTER_TIMEOUT_S = 120
 
@@ -427,8 +429,9 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     127.0.0.1 when "clusters" are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; a ``_node_ip_address`` of 127.0.0.1
     is otherwise replaced by the routable address). Authentication is token mode with a fresh token passed in the
     environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), so the driver, the GCS, the raylet and the workers
-    agree and nothing is written to ``~/.ray``. No dashboard. Workers import this checkout of the kit
-    (``PYTHONPATH``), whatever the editable install points at. Stop it with :func:`stop_local_head`.
+    agree and nothing is written to ``~/.ray``. No dashboard; every port is picked free by the OS (the dashboard agent's
+    too), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``),
+    whatever the editable install points at. Stop it with :func:`stop_local_head`.
     """
     import secrets
     import sys
@@ -456,8 +459,29 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     # the raylet inherits this environment and its workers inherit the raylet's: a plain variable, not a runtime
     # env (a runtime env sends every worker start through Ray's agent: ~8 s a worker on 2 cores instead of ~0.5 s)
     os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in (before or "").split(os.pathsep) if p])
+    # Ray's node parameters that ray.init does not expose, set for a private one-machine head: the dashboard agent
+    # off its fixed port (52365: two heads on one machine, two test runs or a notebook beside a benchmark, collide
+    # there and the second raylet dies) to port 0, a free one it reports back, as Ray's one-machine test clusters
+    # do; and no autoscaler monitor nor log monitor (one fixed node; worker logs stay in the session folder): two
+    # Python processes fewer to start, on a machine where the raylet gives its agents a fixed 15 s to come up
+    from ray._private import parameter
+
+    ray_params = parameter.RayParams
+
+    class LocalHeadParams(ray_params):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("dashboard_agent_listen_port", None)  # None → 0: any free port
+            kwargs.setdefault("no_monitor", True)
+            kwargs.setdefault("include_log_monitor", False)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = LocalHeadParams
+    lock = open(os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock"), "w")  # noqa: SIM115
     try:
         for attempt in range(1, START_ATTEMPTS + 1):
+            # one head starts at a time on this machine (its agents' start is the heavy part, and the raylet gives
+            # them a fixed 15 s to report their ports); heads already running are not waited for
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                                dashboard_host="127.0.0.1", _node_ip_address="127.0.0.1",
@@ -467,10 +491,14 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
             except Exception as e:  # Ray raises a bare Exception when its raylet misses the start deadline
                 if "timed out during startup" not in str(e) or attempt == START_ATTEMPTS:
                     raise
-                # a loaded machine: the raylet did not register within Ray's fixed 30 s; end what started, retry
+                # a loaded machine: the raylet did not register within Ray's fixed deadlines; end what started, retry
                 ray.shutdown()
                 _kill_ray_children()
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
     finally:  # the driver's own subprocesses see the environment they had
+        lock.close()
+        parameter.RayParams = ray_params
         if before is None:
             os.environ.pop("PYTHONPATH", None)
         else:
