@@ -31,6 +31,7 @@ favours the short rollouts of slow sources, which finish first).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import heapq
 import math
 from typing import Any
@@ -39,6 +40,7 @@ import numpy as np
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
+from mimo_kit.spread import mean_sd, spread
 
 
 @dataclasses.dataclass
@@ -293,20 +295,12 @@ def run_mixer_sim(cfg: MixerSimConfig) -> dict:
             r = arms[str(a)][i]
             r["combined"] = r["occupancy_cv"] / max(cv_max, 1e-12) + r["imbalance"] / max(imb_max, 1e-12)
     startup = [{"seed": s, **run_startup(cfg, s)} for s in cfg.seeds]
-    summary = {a: {k: _spread([r[k] for r in rows]) for k in rows[0] if k != "seed"} for a, rows in arms.items()}
-    startup_summary = {arm: {k: _spread([r[arm][k] for r in startup]) for k in startup[0][arm]}
+    summary = {a: {k: spread([r[k] for r in rows]) for k in rows[0] if k != "seed"} for a, rows in arms.items()}
+    startup_summary = {arm: {k: spread([r[arm][k] for r in startup]) for k in startup[0][arm]}
                        for arm in ("cold_start", "resume_no_replay", "resume_replay")}
     return {"name": "mixer-sim", "preset": cfg.preset_name, "config": cfg.to_dict(), "seeds": list(cfg.seeds),
             "arms": arms, "summary": summary, "series": series, "startup": startup,
             "startup_summary": startup_summary, "claim": claim_check(arms, cfg.alphas)}
-
-
-def _spread(vals: list[float]) -> dict[str, float]:
-    v = np.asarray([x for x in vals if x is not None and math.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return {"mean": float("nan"), "sd": float("nan"), "min": float("nan"), "max": float("nan"), "n": 0}
-    return {"mean": float(v.mean()), "sd": float(v.std(ddof=1)) if v.size > 1 else 0.0, "min": float(v.min()),
-            "max": float(v.max()), "n": int(v.size)}
 
 
 def claim_check(arms: dict[str, list[dict]], alphas: tuple[float, ...]) -> dict[str, Any]:
@@ -323,7 +317,7 @@ def claim_check(arms: dict[str, list[dict]], alphas: tuple[float, ...]) -> dict[
 # ---- rendering and the figure -------------------------------------------------------------------------------
 def table(res: dict) -> str:
     """The result as a markdown table (what ``mimo-kit results`` publishes as ``.md``)."""
-    f = lambda s: f"{s['mean']:.3f} ± {s['sd']:.3f}"  # noqa: E731
+    f = functools.partial(mean_sd, decimals=3)
     lines = [f"# Sample Mixer simulation ({res['preset']}, seeds {res['seeds']})", "",
              "Report §6 Figure 16 at kit scale: 25 sources, 66× duration span, 90× token span "
              "(mimo_kit.infra.mixer_sim). Mean ± sd over seeds; lower is better for every column but occupancy.", "",

@@ -40,8 +40,8 @@ from torch import nn
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.model.audio import AudioConfig, AudioTokenizer, rvq_error_curve, synthetic_audio, token_rates
-from mimo_kit.model.experiments import seed_summary
 from mimo_kit.model.vision import COLUMN, GLOBAL, ROW, TILE, MiMoViT, ViTConfig
+from mimo_kit.spread import mean_sd, spread
 
 VARIANTS = ("sink_swa", "fixed_window", "full")
 LABELS = {"sink_swa": "sink SWA, alternating (MiMo-ViT)", "fixed_window": "fixed windows", "full": "full attention"}
@@ -228,8 +228,8 @@ def run_vit_windows(cfg: ViTWindowsConfig, progress=None) -> dict:
     finally:
         torch.set_num_threads(threads)
     cost = {v: attention_pairs(dataclasses.replace(cfg.vit, attention=v)) for v in cfg.variants}
-    summary = {v: {"test_accuracy": seed_summary([r["test_accuracy"] for r in runs[v]]),
-                   "seconds_per_step": seed_summary([r["seconds_per_step"] for r in runs[v]]),
+    summary = {v: {"test_accuracy": spread([r["test_accuracy"] for r in runs[v]], with_values=True),
+                   "seconds_per_step": spread([r["seconds_per_step"] for r in runs[v]], with_values=True),
                    "pairs": cost[v]["pairs"], "attention_flops": cost[v]["attention_flops"],
                    "layer_kinds": dataclasses.replace(cfg.vit, attention=v).layer_kinds} for v in cfg.variants}
     out = {"seeds": [cfg.seed + s for s in range(cfg.seeds)], "variants": list(cfg.variants), "runs": runs,
@@ -238,12 +238,8 @@ def run_vit_windows(cfg: ViTWindowsConfig, progress=None) -> dict:
     if "sink_swa" in runs and "fixed_window" in runs:
         a, b = ([r["test_accuracy"] for r in runs[v]] for v in ("sink_swa", "fixed_window"))
         out["sink_ge_fixed"] = {"agree": sum(x >= y for x, y in zip(a, b)), "n": len(a),
-                                "gap": seed_summary([x - y for x, y in zip(a, b)])}
+                                "gap": spread([x - y for x, y in zip(a, b)], with_values=True)}
     return out
-
-
-def _pm(d: dict, fmt: str = ".3f") -> str:
-    return f"{d['mean']:{fmt}} ± {d['sd']:{fmt}}"
 
 
 def vit_windows_table(res: dict) -> str:
@@ -261,15 +257,17 @@ def vit_windows_table(res: dict) -> str:
         s = res["summary"][v]
         acc = s["test_accuracy"]
         sec = {k: 1e3 * s["seconds_per_step"][k] for k in ("mean", "sd")}
-        lines.append(f"| {LABELS[v]} | {' / '.join(s['layer_kinds'])} | {_pm(acc)} | {acc['min']:.3f}–"
-                     f"{acc['max']:.3f} | {s['pairs']:,} | {s['attention_flops'] / 1e6:.2f} | {_pm(sec, '.1f')} |")
+        lines.append(f"| {LABELS[v]} | {' / '.join(s['layer_kinds'])} | {mean_sd(acc, decimals=3)} | "
+                     f"{acc['min']:.3f}–{acc['max']:.3f} | {s['pairs']:,} | {s['attention_flops'] / 1e6:.2f} | "
+                     f"{mean_sd(sec, decimals=1)} |")
     lines += ["", "Per seed (test accuracy):", "", "| variant | " + " | ".join(f"seed {s}" for s in res["seeds"])
               + " |", "|---|" + "---|" * n]
     lines += [f"| {LABELS[v]} | " + " | ".join(f"{r['test_accuracy']:.3f}" for r in res["runs"][v]) + " |"
               for v in res["variants"]]
     if "sink_ge_fixed" in res:
         c = res["sink_ge_fixed"]
-        lines += ["", f"Sink SWA ≥ fixed windows on {c['agree']} of {c['n']} seeds (gap {_pm(c['gap'])})."]
+        lines += ["", f"Sink SWA ≥ fixed windows on {c['agree']} of {c['n']} seeds "
+                      f"(gap {mean_sd(c['gap'], decimals=3)})."]
     lines += ["", "The kit computes every variant densely with a mask, so ms / step is the dense cost; the pairs "
               "column is what a blocked kernel would compute."]
     return "\n".join(lines) + "\n"
@@ -369,7 +367,7 @@ def run_rvq_levels(cfg: RVQLevelsConfig) -> dict:
         curves["fit"].append(rvq_error_curve(tok, fit))
         curves["held out"].append(rvq_error_curve(tok, held))
     levels = list(range(cfg.audio.levels + 1))
-    summary = {k: [seed_summary([c[level] for c in v]) for level in levels] for k, v in curves.items()}
+    summary = {k: [spread([c[level] for c in v], with_values=True) for level in levels] for k, v in curves.items()}
     return {"seeds": [cfg.seed + s for s in range(cfg.seeds)], "levels": levels, "curves": curves,
             "summary": summary, "rates": token_rates(cfg.audio.frame_rate, cfg.audio.levels, cfg.audio.patch_frames),
             "codebook_size": cfg.audio.codebook_size, "n_mels": cfg.audio.n_mels}
@@ -388,7 +386,8 @@ def rvq_levels_table(res: dict) -> str:
              "| levels | fit (mean ± sd) | held out (mean ± sd) | held-out min–max |", "|---|---|---|---|"]
     for level in show:
         f, h = res["summary"]["fit"][level], res["summary"]["held out"][level]
-        lines.append(f"| {level} | {_pm(f, '.4f')} | {_pm(h, '.4f')} | {h['min']:.4f}–{h['max']:.4f} |")
+        lines.append(f"| {level} | {mean_sd(f, decimals=4)} | {mean_sd(h, decimals=4)} | "
+                     f"{h['min']:.4f}–{h['max']:.4f} |")
     return "\n".join(lines) + "\n"
 
 

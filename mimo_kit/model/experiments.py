@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 from mimo_kit.config.base import knob
 from mimo_kit.experiments import experiment
 from mimo_kit.model.bench import BenchDecoderConfig, run_bench_decoder
 from mimo_kit.model.hybrid import HybridVsGlobalConfig, run_hybrid_vs_global
 from mimo_kit.model.params import count_parameters
+from mimo_kit.spread import spread
 
-__all__ = ["HybridSeedsConfig", "bench_decoder", "count_parameters", "hybrid_vs_global", "run_hybrid_seeds",
-           "seed_summary"]
+__all__ = ["HybridSeedsConfig", "bench_decoder", "count_parameters", "hybrid_vs_global", "run_hybrid_seeds"]
+
 
 TWINS = ("hybrid", "all-GA")
 
@@ -33,14 +33,6 @@ class HybridSeedsConfig(HybridVsGlobalConfig):
                                "far above the twin's (~2% of the tiny run's final loss)", min=0.0)
 
 
-def seed_summary(values: list[float]) -> dict:
-    """Mean, sample sd (0 for one value), min, max and the values of one quantity over seeds."""
-    if not values:
-        raise ValueError("seed_summary: no values")
-    return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "values": list(values)}
-
-
 def run_hybrid_seeds(cfg: HybridSeedsConfig, return_models: bool = False) -> dict:
     """Train the twins once per seed (:func:`run_hybrid_vs_global`), then summarise each twin's final validation
     loss and training seconds (mean ± sd, min–max) and the per-seed gap hybrid − all-GA.
@@ -51,12 +43,13 @@ def run_hybrid_seeds(cfg: HybridSeedsConfig, return_models: bool = False) -> dic
     for s in range(cfg.seeds):
         one = run_hybrid_vs_global(dataclasses.replace(cfg, seed=cfg.seed + s), return_models=return_models and s == 0)
         runs.append(one)
-    summary = {n: {"val_loss": seed_summary([r[n]["val_loss"][-1] for r in runs]),
-                   "seconds": seed_summary([r[n]["seconds"][-1] for r in runs])} for n in TWINS}
+    summary = {n: {"val_loss": spread([r[n]["val_loss"][-1] for r in runs], with_values=True),
+                   "seconds": spread([r[n]["seconds"][-1] for r in runs], with_values=True)} for n in TWINS}
     gaps = [r["hybrid"]["val_loss"][-1] - r["all-GA"]["val_loss"][-1] for r in runs]
     time_ratio = [r["hybrid"]["seconds"][-1] / r["all-GA"]["seconds"][-1] for r in runs]
     out = {"seeds": [cfg.seed + s for s in range(cfg.seeds)], "runs": [{n: r[n] for n in TWINS} for r in runs],
-           "summary": summary, "gap": seed_summary(gaps), "time_ratio": seed_summary(time_ratio),
+           "summary": summary, "gap": spread(gaps, with_values=True),
+           "time_ratio": spread(time_ratio, with_values=True),
            "within_margin": sum(g <= cfg.margin for g in gaps), "margin": cfg.margin,
            "layer_types": runs[0]["layer_types"]}
     if return_models:

@@ -26,6 +26,8 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.optim.mxfp4 import quantize_experts_
 from mimo_kit.pretrain.config import PretrainConfig
 from mimo_kit.pretrain.loop import Trainer
+from mimo_kit.spread import mean_sd as spread_mean_sd
+from mimo_kit.spread import spread
 
 #: The tiny preset of every study: 200 steps of 8 × 64 tokens (102K tokens per run) take the AdamW model from
 #: ln 512 = 6.24 to ~3.9 nats/token, far below uniform, in ~15 s of one idle CPU thread; 3 seeds of the optimiser
@@ -43,17 +45,16 @@ def seed_configs(cfg: PretrainConfig, seeds: int) -> list[PretrainConfig]:
 
 
 def mean_sd(values) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof = 1; 0 for a single value) of per-seed values."""
-    x = np.asarray(values, float)
-    if x.size == 0:
+    """(mean, sample sd) of per-seed values: a :func:`~mimo_kit.spread.spread` as a pair; no values is an error."""
+    s = spread(values)
+    if not s["n"]:
         raise ValueError("mean_sd: no values")
-    return float(x.mean()), float(x.std(ddof=1)) if x.size > 1 else 0.0
+    return s["mean"], s["sd"]
 
 
 def pm(values, digits: int = 3) -> str:
-    """``"mean ± sd"`` of per-seed values, as the tables print them."""
-    m, s = mean_sd(values)
-    return f"{m:.{digits}f} ± {s:.{digits}f}"
+    """``"mean ± sd"`` of per-seed values with ``digits`` decimals, as the tables print them."""
+    return spread_mean_sd(spread(values), decimals=digits)
 
 
 def agreement(flags) -> str:

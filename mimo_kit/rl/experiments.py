@@ -50,9 +50,9 @@ from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
 from mimo_kit.rl.consistency import ConsistencyConfig, measure_consistency
 from mimo_kit.rl.multi_harness import SeedsConfig, run_seeds
-from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.toy.world import expert_dataset, make_tasks
 from mimo_kit.rl.trainer import TOY_WORLD, RLConfig, run_rl, torch_threads
+from mimo_kit.spread import mean_sd, spread
 
 #: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
 RESULTS_DIR = DATA_DIR / "rl"

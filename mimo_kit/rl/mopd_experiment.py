@@ -41,8 +41,8 @@ from typing import Any
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.rl.mopd import ROUTES, MOPDConfig, evaluate_domains, prepare, train_mopd
-from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.trainer import run_rl, torch_threads
+from mimo_kit.spread import mean_sd, spread
 
 DOMAINS = ("verifiable", "open")
 ARMS = ("sft-only", "mixed-rl", "mopd-standard", "mopd-prefix")

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.rl.spread import mean_sd, spread
 from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.spread import mean_sd, spread
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ from mimo_kit.model.generate import generate
 from mimo_kit.speculative.decode import Drafter, speculative_generate
 from mimo_kit.speculative.mtp import MTPDrafter
 from mimo_kit.speculative.train import DrafterTrainConfig, MTPTrainConfig, train_drafter, train_mtp
+from mimo_kit.spread import spread
 
 
 @dataclasses.dataclass
@@ -201,11 +202,6 @@ def drafter_dir(cfg: SpecBenchConfig, kind: str, block: int, seed_offset: int = 
     return f"{run_dir(cfg)}/{kind}-B{block}" + (f"-s{seed_offset}" if seed_offset else "")
 
 
-def _spread(values: list[float]) -> dict:
-    return {"mean": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "median": statistics.median(values), "range": (min(values), max(values)), "values": list(values)}
-
-
 def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     """Train ``seeds`` block drafters per block size and ``seeds`` MTP modules per MTP budget on the pre-trained
     backbone (``quick_seeds`` of them in a quick run: the result's ``seeds``), then measure each at each temperature
@@ -255,15 +251,15 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     for name in drafters:
         for T in cfg.temperatures:
             mine = [r for r in seed_rows if r["name"] == name and r["temperature"] == T]
-            acc = _spread([r["accepted_length"] for r in mine])
-            timing = {k: _spread([v for r in mine for v in r[f"{k}_rounds"]])
+            acc = spread([r["accepted_length"] for r in mine], with_values=True)
+            timing = {k: spread([v for r in mine for v in r[f"{k}_rounds"]], with_values=True)
                       for k in ("plain_tok_s", "spec_tok_s", "speedup")}
             K = len(mine[0]["acceptance_by_position"])
             rows.append({"drafter": mine[0]["drafter"], "name": name, "block": mine[0]["block"], "temperature": T,
                          "accepted_length": acc["mean"], "accepted_length_sd": acc["sd"],
-                         "accepted_length_range": acc["range"], "accepted_lengths": acc["values"],
-                         **{k: t["median"] for k, t in timing.items()},
-                         **{f"{k}_range": t["range"] for k, t in timing.items()},
+                         "accepted_length_range": (acc["min"], acc["max"]), "accepted_lengths": acc["values"],
+                         **{k: statistics.median(t["values"]) for k, t in timing.items()},
+                         **{f"{k}_range": (t["min"], t["max"]) for k, t in timing.items()},
                          "seeds": len(mine), "rounds": cfg.rounds,
                          "acceptance_by_position": [statistics.mean(r["acceptance_by_position"][k] for r in mine)
                                                     for k in range(K)],
