@@ -157,14 +157,6 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
     return Prepared(experiment, out, yaml_path, tr, sb, rj, nnodes, nproc_per_node)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
            folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False) -> dict:
     """Prepare the run and start it here: ``nnodes`` torchrun agents (simulated nodes) on 127.0.0.1.
@@ -173,8 +165,10 @@ def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int
     free local port; they find each other as separate nodes would. Returns the run's ``result.json`` (written by
     rank 0) with the folder; a failed process raises with its exit codes and the end of its output.
     """
+    from mimo_kit.infra.dist import free_port
+
     prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder)
-    port = _free_port()
+    port = free_port()
     args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"local-{port}",
             "-m", "mimo_kit.cli", "run", experiment, "--config", str(prep.config), "--out", str(prep.folder)]

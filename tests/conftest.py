@@ -66,6 +66,17 @@ def _session_thread_count():
     yield
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription (restored after)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
 def pytest_report_header(config):
     if FORCED_THREADS:
         return f"MIMO_KIT_TEST_THREADS={FORCED_THREADS}: torch and subprocesses run on {FORCED_THREADS} thread(s)"

@@ -7,7 +7,6 @@ model through ``/update_weights_from_disk`` (a remote engine holds its own weigh
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,17 +17,12 @@ import pytest
 import torch
 
 from mimo_kit.infra import GenerationRequest, InProcessEngine, RolloutEngine, resume_request, teacher_forced_logprobs
+from mimo_kit.infra.dist import free_port
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 
 V = 40
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
 
 
@@ -56,12 +50,6 @@ def hf_lora_model(seed=0):
     model = get_peft_model(hf_model(seed), LoraConfig(r=4, target_modules=["q_proj", "v_proj"],
                                                       init_lora_weights=False))
     return model.eval()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def save_kit_checkpoint(model, folder: Path) -> Path:

@@ -3,7 +3,6 @@
 import random
 
 import pytest
-import torch
 
 from mimo_kit.infra import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
@@ -19,13 +18,7 @@ def drawer(pool, rng, group_size):
     return lambda: episodes(rng.choice(pool), group_size)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
 
 

@@ -1,7 +1,6 @@
 """The RL trainer with its engine out of process: `mimo-kit serve --rl-preset toy` on 127.0.0.1, reached through the
 SGLang client (`RLConfig.engine_url`), weights sent each step through /update_weights_from_disk."""
 
-import socket
 import subprocess
 import sys
 import time
@@ -9,6 +8,7 @@ import time
 import pytest
 
 from mimo_kit.config.base import ConfigError
+from mimo_kit.infra.dist import free_port
 from mimo_kit.infra.sglang import SGLangEngine
 from mimo_kit.rl.trainer import RLConfig, run_rl
 
@@ -17,9 +17,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--rl-preset", "toy", "--port", str(port),
                              "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

@@ -22,14 +22,7 @@ from mimo_kit.rl.toy.world import (
 )
 from mimo_kit.rl.trajectory import flatten, unflatten
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one torch thread avoids oversubscription."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
 
 

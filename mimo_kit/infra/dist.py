@@ -140,14 +140,15 @@ def init_distributed(device: str = "auto", fsdp: str = "auto", timeout_s: float 
     if want_group and not dist.is_initialized():
         if world == 1 and "MASTER_ADDR" not in os.environ:
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            os.environ.setdefault("MASTER_PORT", str(free_port()))
         backend = "nccl" if dev.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
     return Dist(rank, world, local, dev, group=dist.is_initialized())
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free TCP port on the loopback (the OS picks it): for a rendezvous, a server, a test's listener."""
     import socket
 
     with socket.socket() as s:

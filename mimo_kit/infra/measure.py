@@ -26,7 +26,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from mimo_kit.infra.dist import checkpointed_layers
 
 OUTSIDE = -1  # attribution of tensors saved outside the decoder layers
 
@@ -91,23 +92,6 @@ class SavedTensors:
                 h.remove()
 
 
-@contextlib.contextmanager
-def checkpointed(layers: nn.ModuleList) -> Iterator[None]:
-    """Wrap every layer's forward in a non-reentrant checkpoint (one per decoder layer)."""
-
-    def wrap(layer: nn.Module):
-        plain = type(layer).forward.__get__(layer)
-        return lambda *args: checkpoint(plain, *args, use_reentrant=False)
-
-    for layer in layers:
-        layer.forward = wrap(layer)
-    try:
-        yield
-    finally:
-        for layer in layers:
-            del layer.forward
-
-
 def _loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     logits = model(ids).logits  # [B, T, V]
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -152,7 +136,7 @@ def measure_step(model: nn.Module, batch: int, seq_len: int, *, optimizer: str =
     del opt
 
     ck = SavedTensors(model)
-    with checkpointed(layers), ck.recording(layers):
+    with checkpointed_layers(model), ck.recording(layers):
         loss = _loss(model, ids, targets)
     loss.backward()
     model.zero_grad(set_to_none=True)

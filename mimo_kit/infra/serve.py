@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from mimo_kit.infra.engine import GenerationRequest, InProcessEngine
+from mimo_kit.model.hf import read_checkpoint_state
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 #: SGLang sampling params the kit accepts at their defaults only (anything else is refused, never ignored)
@@ -100,22 +101,6 @@ def load_model(path: str | Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every ``*.safetensors`` tensor of a checkpoint folder (the hub's per-expert layout fused to the kit's)."""
-    from safetensors.torch import load_file
-
-    from mimo_kit.model.hf import from_hub_layout
-
-    folder = Path(path)
-    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    if not files:
-        raise FileNotFoundError(f"{folder}: no *.safetensors files")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return from_hub_layout(state)
 
 
 # ---- the engine side --------------------------------------------------------------------------------------
@@ -346,7 +331,7 @@ class KitServer:
                 return 400, {"success": False, "message": f"weight_version {wv!r}: mimo-kit serve counts versions "
                              "as integers", "num_paused_requests": 0}
             try:
-                state = read_state_dict(body["model_path"])
+                state = read_checkpoint_state(body["model_path"])
                 self.engine.policy_version = min(old, new)  # SGLang sets any version; the engine checks order
                 self.engine.update_weights(state, new)
             except (FileNotFoundError, ValueError, RuntimeError) as e:

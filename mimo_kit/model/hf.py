@@ -153,26 +153,33 @@ def from_hub_layout(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def read_checkpoint_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every ``*.safetensors`` tensor of a checkpoint folder, in file-name order, with the hub's per-expert layout
+    fused to the kit's (:func:`from_hub_layout`); a folder without one (or no folder) raises FileNotFoundError."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors files")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return from_hub_layout(state)
+
+
 def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32):
     """Load a transformers-format MiMo-V2 checkpoint folder (config.json + *.safetensors) into the kit's model.
 
     Returns ``(model, mtp_state_dict)``. Missing or unexpected backbone keys raise with their names.
     """
-    from safetensors.torch import load_file
-
     from mimo_kit.model.decoder import MiMoForCausalLM
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: no config.json (expected a transformers checkpoint folder)")
     cfg = from_hf(json.loads((folder / "config.json").read_text()))
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder}: no *.safetensors files")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    backbone, mtp = split_mtp(from_hub_layout(state))
+    backbone, mtp = split_mtp(read_checkpoint_state(folder))
     model = MiMoForCausalLM.on_meta(cfg)
     expected = set(model.state_dict())
     missing, unexpected = sorted(expected - set(backbone)), sorted(set(backbone) - expected)
