@@ -14,12 +14,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from mimo_kit.experiments import Experiment, discover
 
 #: The kit's shipped data folder (a checkout of the repository has it; an installed wheel does not).
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+def saved_or_run(rel: str, command: str, run: Callable[[], dict], seeds_label: str = "seeds") -> dict:
+    """A chapter's source of a study: the published full run ``data/<rel>`` when it exists, in quick mode too (a
+    study of several seeds is minutes of training: quick mode runs a chapter's mechanisms and plots the committed
+    studies), announced with the ``command`` that made it; else ``run()``, a live run."""
+    saved = DATA_DIR / rel
+    if saved.exists():
+        res = json.loads(saved.read_text())
+        print(f"loaded data/{rel} ({command}; {seeds_label} {res['seeds']})")
+        return res
+    return run()
 
 
 @dataclasses.dataclass(frozen=True)

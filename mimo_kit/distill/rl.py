@@ -185,14 +185,11 @@ def format_table(result: dict) -> str:
 
 
 def saved_or_run(quick: bool, out_dir: str = "runs/ch07/distill-rl") -> dict:
-    """Chapter 7's Table 6: the published full run ``data/distill/distill_rl_tiny.json`` when it exists, in quick
-    mode too (quick mode runs a chapter's mechanisms and plots the committed study), else a live run (quick mode:
-    the ``quick`` preset, a miniature whose numbers claim nothing)."""
-    from mimo_kit.results import DATA_DIR
+    """Chapter 7's Table 6 (:func:`mimo_kit.results.saved_or_run`): the published full run
+    ``data/distill/distill_rl_tiny.json`` when it exists, in quick mode too; else a live run (quick mode: the
+    ``quick`` preset, a miniature whose numbers claim nothing)."""
+    from mimo_kit.results import saved_or_run as saved_or
 
-    saved = DATA_DIR / "distill" / "distill_rl_tiny.json"
-    if saved.exists():
-        res = json.loads(saved.read_text())
-        print(f"loaded data/distill/{saved.name} (mimo-kit run distill-rl; RL seeds {res['seeds']})")
-        return res
-    return run_distill_rl(DistillRLConfig.preset("quick" if quick else "tiny", out_dir=out_dir))
+    return saved_or("distill/distill_rl_tiny.json", "mimo-kit run distill-rl",
+                    lambda: run_distill_rl(DistillRLConfig.preset("quick" if quick else "tiny", out_dir=out_dir)),
+                    seeds_label="RL seeds")

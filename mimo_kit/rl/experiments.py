@@ -36,7 +36,6 @@ tabulates mean ± sd (:func:`summary_rows`) and counts the seeds that agree with
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import Any
 
 import torch
 
+from mimo_kit import results
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
@@ -311,15 +311,11 @@ def _published(name: str) -> tuple[Publication, ...]:
 
 
 def saved_or_run(name: str, cfg: CompareConfig, quick: bool) -> dict:
-    """Chapter 5a's source of a comparison: the published full run ``data/rl/<name>_tiny.json`` when it exists, in
-    quick mode too (a study of 3 seeds is minutes of training: quick mode runs a chapter's mechanisms and plots
-    the committed studies); else a live run of ``cfg`` (in quick mode the caller's miniature)."""
-    saved = RESULTS_DIR / f"{name}_tiny.json"
-    if saved.exists():
-        res = json.loads(saved.read_text())
-        print(f"loaded data/rl/{saved.name} (mimo-kit run rl-{name.replace('_', '-')}; seeds {res['seeds']})")
-        return res
-    return COMPARISONS[name](cfg)
+    """Chapter 5a's source of a comparison (:func:`mimo_kit.results.saved_or_run`): the published full run
+    ``data/rl/<name>_tiny.json`` when it exists, in quick mode too; else a live run of ``cfg`` (in quick mode the
+    caller's miniature)."""
+    return results.saved_or_run(f"rl/{name}_tiny.json", f"mimo-kit run rl-{name.replace('_', '-')}",
+                                lambda: COMPARISONS[name](cfg))
 
 
 @experiment("rl-gar-ablation", CompareConfig, chapter="ch05a", publishes=_published("gar_ablation"))

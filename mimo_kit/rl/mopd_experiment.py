@@ -32,7 +32,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import io
-import json
 import shutil
 import time
 from pathlib import Path
@@ -201,14 +200,9 @@ experiment("mopd2", MOPD2Config, chapter="ch05b",
 
 
 def saved_or_run(quick: bool) -> dict:
-    """The notebook's source: the published ``data/rl/mopd2_tiny.json`` when it exists, in quick mode too (quick
-    mode runs a chapter's mechanisms and plots the committed study), else a live run (quick mode: the ``quick``
-    preset, one seed in miniature)."""
-    from mimo_kit.results import DATA_DIR
+    """Chapter 5b's source (:func:`mimo_kit.results.saved_or_run`): the published ``data/rl/mopd2_tiny.json`` when
+    it exists, in quick mode too; else a live run (quick mode: the ``quick`` preset, one seed in miniature)."""
+    from mimo_kit.results import saved_or_run as saved_or
 
-    saved = DATA_DIR / "rl" / "mopd2_tiny.json"
-    if saved.exists():
-        res = json.loads(saved.read_text())
-        print(f"loaded data/rl/{saved.name} (mimo-kit run mopd2; seeds {res['seeds']})")
-        return res
-    return mopd2(MOPD2Config.preset("quick" if quick else "tiny"))
+    return saved_or("rl/mopd2_tiny.json", "mimo-kit run mopd2", lambda: mopd2(MOPD2Config.preset("quick" if quick
+                                                                                              else "tiny")))
