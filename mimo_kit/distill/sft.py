@@ -35,7 +35,6 @@ import dataclasses
 import glob
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -157,37 +156,17 @@ def _trace_text(traces: list[dict]) -> list[str]:
 
 def trace_tokenizer(traces: list[dict], vocab_size: int = 512, cache_dir: str | Path | None = None):
     """A byte-level BPE of at most ``vocab_size`` entries trained on the traces' text, with ChatML special tokens
-    and the kit's generation-marked chat template; cached by a hash of the text and settings (Report §7)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
+    and the kit's generation-marked chat template (:func:`~mimo_kit.pretrain.tokenizer.chat_tokenizer`); cached by
+    a hash of the text and settings (Report §7)."""
     from mimo_kit.cache import cache_root
-    from mimo_kit.pretrain.tokenizer import CHAT_TEMPLATE, EOS, PAD, SPECIAL_TOKENS
+    from mimo_kit.pretrain.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, cached_tokenizer, chat_tokenizer
 
     texts = _trace_text(traces)
     h = hashlib.sha256(json.dumps([vocab_size, SPECIAL_TOKENS, CHAT_TEMPLATE]).encode())
     for text in texts:
         h.update(text.encode())
     folder = Path(cache_dir or cache_root() / "tokenizers") / f"sft-bpe-{vocab_size}-{h.hexdigest()[:12]}"
-    if not (folder / "tokenizer.json").is_file():
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-        tok.train_from_iterator(texts, trainer=trainer)
-        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
-                                       additional_special_tokens=SPECIAL_TOKENS[2:], model_max_length=1 << 20)
-        fast.chat_template = CHAT_TEMPLATE
-        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        fast.save_pretrained(tmp)
-        try:
-            tmp.rename(folder)  # atomic: a concurrent process sees the whole folder or trains its own
-        except OSError:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-    return AutoTokenizer.from_pretrained(folder)
+    return cached_tokenizer(folder, lambda tmp: chat_tokenizer(texts, vocab_size, tmp))
 
 
 # ---- accounting ---------------------------------------------------------------------------------------------------

@@ -86,25 +86,36 @@ def tokenizer_key(vocab_size: int, corpus_bytes: int | None = None, val_fraction
     return f"bpe-{vocab_size}-{h.hexdigest()[:12]}"
 
 
-def train_tokenizer(vocab_size: int, out_dir: str | Path, corpus_bytes: int | None = None,
-                    val_fraction: float = 0.05, min_frequency: int = 2):
-    """Train a byte-level BPE of ``vocab_size`` entries on the corpus's train split; save it to ``out_dir``.
+def fit_bpe(texts, vocab_size: int, special_tokens: list[str], *, min_frequency: int = 0, use_regex: bool = True,
+            max_token_length: int | None = None):
+    """A byte-level BPE (HF ``tokenizers``) of ``vocab_size`` entries over ``texts``: the one BPE trainer of the kit
+    (the pretraining tokenizer, the distillation traces' tokenizer and the repo world's all call it).
 
-    Returns the transformers tokenizer (``PreTrainedTokenizerFast``) with the chat template set.
+    ``use_regex`` splits words before merging (GPT-2's pre-tokenizer); ``max_token_length`` caps a merge's length.
+    Returns the ``tokenizers.Tokenizer``; a ``vocab_size`` below the byte alphabet plus the special tokens raises.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    minimum = BYTE_ALPHABET + len(special_tokens)
+    if vocab_size < minimum:
+        raise ValueError(f"fit_bpe: vocab_size={vocab_size}; a byte-level BPE needs at least {minimum} "
+                         f"(256 bytes + {len(special_tokens)} special tokens)")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=use_regex)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+                                  max_token_length=max_token_length)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def chat_tokenizer(texts, vocab_size: int, out_dir: str | Path, min_frequency: int = 2):
+    """A BPE over ``texts`` (:func:`fit_bpe`) with the ChatML special tokens and the kit's chat template, saved to
+    ``out_dir`` as a transformers tokenizer (``PreTrainedTokenizerFast``), which it returns."""
     from transformers import PreTrainedTokenizerFast
 
-    minimum = BYTE_ALPHABET + len(SPECIAL_TOKENS)
-    if vocab_size < minimum:
-        raise ValueError(f"train_tokenizer: vocab_size={vocab_size}; a byte-level BPE needs at least {minimum} "
-                         f"(256 bytes + {len(SPECIAL_TOKENS)} special tokens)")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_training_text(corpus_bytes, val_fraction), trainer=trainer)
+    tok = fit_bpe(texts, vocab_size, SPECIAL_TOKENS, min_frequency=min_frequency)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=PAD,
                                    additional_special_tokens=SPECIAL_TOKENS[2:], model_max_length=1 << 20)
     fast.chat_template = CHAT_TEMPLATE
@@ -114,21 +125,25 @@ def train_tokenizer(vocab_size: int, out_dir: str | Path, corpus_bytes: int | No
     return fast
 
 
-def load_tokenizer(vocab_size: int = 512, corpus_bytes: int | None = None, *, val_fraction: float = 0.05,
-                   min_frequency: int = 2, cache_dir: str | Path | None = None):
-    """The kit's tokenizer of ``vocab_size`` entries, trained on first use and cached (never downloaded).
+def train_tokenizer(vocab_size: int, out_dir: str | Path, corpus_bytes: int | None = None,
+                    val_fraction: float = 0.05, min_frequency: int = 2):
+    """Train a byte-level BPE of ``vocab_size`` entries on the corpus's train split; save it to ``out_dir``.
 
-    >>> tok = load_tokenizer(512)     # the tiny preset's tokenizer
+    Returns the transformers tokenizer (``PreTrainedTokenizerFast``) with the chat template set.
     """
+    return chat_tokenizer(_training_text(corpus_bytes, val_fraction), vocab_size, out_dir, min_frequency)
+
+
+def cached_tokenizer(folder: Path, train) -> object:
+    """The transformers tokenizer saved in ``folder``, first written there by ``train(tmp_folder)`` when missing:
+    trained into a private folder, then renamed (a concurrent process sees the whole folder or trains its own)."""
     from transformers import AutoTokenizer
 
-    folder = Path(cache_dir or cache_root() / "tokenizers") / tokenizer_key(vocab_size, corpus_bytes, val_fraction,
-                                                                            min_frequency)
     if not (folder / "tokenizer.json").is_file():
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-        train_tokenizer(vocab_size, tmp, corpus_bytes, val_fraction, min_frequency)
+        train(tmp)
         try:
-            tmp.rename(folder)  # atomic: a concurrent process either sees the whole folder or trains its own
+            tmp.rename(folder)
         except OSError:
             import shutil
 
@@ -136,3 +151,15 @@ def load_tokenizer(vocab_size: int = 512, corpus_bytes: int | None = None, *, va
     tok = AutoTokenizer.from_pretrained(folder)
     tok.name_or_path = str(folder)
     return tok
+
+
+def load_tokenizer(vocab_size: int = 512, corpus_bytes: int | None = None, *, val_fraction: float = 0.05,
+                   min_frequency: int = 2, cache_dir: str | Path | None = None):
+    """The kit's tokenizer of ``vocab_size`` entries, trained on first use and cached (never downloaded).
+
+    >>> tok = load_tokenizer(512)     # the tiny preset's tokenizer
+    """
+    folder = Path(cache_dir or cache_root() / "tokenizers") / tokenizer_key(vocab_size, corpus_bytes, val_fraction,
+                                                                            min_frequency)
+    return cached_tokenizer(folder, lambda tmp: train_tokenizer(vocab_size, tmp, corpus_bytes, val_fraction,
+                                                                min_frequency))

@@ -61,7 +61,7 @@ def check_student_run(cfg: Any) -> None:
                           "parameter groups) or the in-process kit engine; turn them off")
 
 
-def load_tokenizer(cfg: StudentConfig):
+def student_tokenizer(cfg: StudentConfig):
     """The student's tokenizer behind the harness interface (its chat template lays out every episode)."""
     from transformers import AutoTokenizer
 

@@ -254,9 +254,9 @@ class RLConfig(Config):
         if self.world == "toy":
             return ToyWorld(self.max_turns)
         if self.student.model:  # the student's chat template lays out every episode
-            from mimo_kit.rl.student import load_tokenizer
+            from mimo_kit.rl.student import student_tokenizer
 
-            return RepoWorld(self.repo, tokenizer=load_tokenizer(self.student))
+            return RepoWorld(self.repo, tokenizer=student_tokenizer(self.student))
         return RepoWorld(self.repo)
 
     def rollout_settings(self, world: Any, *, training: bool = True) -> RolloutSettings:

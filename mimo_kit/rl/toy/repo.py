@@ -396,16 +396,12 @@ class BPETokenizer:
 
 
 def train_bpe(texts: list[str], vocab_size: int, path: Path) -> BPETokenizer:
-    """Byte-level BPE over ``texts`` (HF ``tokenizers``), saved to ``path``; special tokens: end of turn, pad."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """Byte-level BPE over ``texts`` (:func:`~mimo_kit.pretrain.tokenizer.fit_bpe`), saved to ``path``; special
+    tokens: end of turn, pad."""
+    from mimo_kit.pretrain.tokenizer import fit_bpe
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[BPETokenizer.END, BPETokenizer.PAD],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-                                  max_token_length=24)
-    tok.train_from_iterator(texts, trainer)
+    # harness text is mostly code and tool output: merges cross word boundaries (no regex split), capped at 24
+    tok = fit_bpe(texts, vocab_size, [BPETokenizer.END, BPETokenizer.PAD], use_regex=False, max_token_length=24)
     path.parent.mkdir(parents=True, exist_ok=True)
     tok.save(str(path))
     return BPETokenizer(tok)
