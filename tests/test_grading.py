@@ -1,5 +1,6 @@
 """Group graders and GRS rubric synthesis (Report §4.3) on a group of really graded trajectories."""
 
+import dataclasses
 import json
 
 import pytest
@@ -60,6 +61,12 @@ def test_one_quality_factor_schedule_for_the_grader_and_the_trainer(group):
         f = quality_factors(v.ranking, ids, passed, cfg.tier_decay, cfg.min_factor)
         g = tier_factors(v, cfg)
         assert {i: float(x) for i, x, ok in zip(ids, f, passed) if ok} == pytest.approx(g)
+    # an LLM verdict may leave a tier empty: both skip it (the next tier is tier 1, not 2)
+    gapped = dataclasses.replace(v, ranking=[v.ranking[0], [], *v.ranking[1:]])
+    g = tier_factors(gapped, GARConfig(tier_decay=0.5, min_factor=0.1))
+    assert g == tier_factors(v, GARConfig(tier_decay=0.5, min_factor=0.1))
+    if len(v.ranking) > 1:
+        assert g[v.ranking[1][0]] == 0.5
 
 
 def test_llm_grader_uses_the_engine_and_falls_back_when_unusable(group):

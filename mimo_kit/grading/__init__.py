@@ -2,15 +2,15 @@
 
 from mimo_kit.grading.group import (
                                     AXES,
+                                    GradedTrajectory,
                                     GraderConfig,
                                     GroupVerdict,
                                     GroupWorkspace,
                                     LLMGroupGrader,
-                                    Rollout,
                                     RuleGroupGrader,
                                     tier_factors,
 )
 from mimo_kit.grading.grs import Rubric, RubricItem, synthesize_rubric
 
-__all__ = ["AXES", "GraderConfig", "GroupVerdict", "GroupWorkspace", "LLMGroupGrader", "Rollout", "RuleGroupGrader",
-           "tier_factors", "Rubric", "RubricItem", "synthesize_rubric"]
+__all__ = ["AXES", "GradedTrajectory", "GraderConfig", "GroupVerdict", "GroupWorkspace", "LLMGroupGrader",
+           "RuleGroupGrader", "tier_factors", "Rubric", "RubricItem", "synthesize_rubric"]

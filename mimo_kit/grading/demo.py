@@ -9,7 +9,7 @@ a failing one. The commands are what the agent typed; the diffs are graded for r
 from __future__ import annotations
 
 from mimo_kit.envs.code import CodeTask, grade_patch, tree_diff, tree_files
-from mimo_kit.grading.group import GroupWorkspace, Rollout
+from mimo_kit.grading.group import GradedTrajectory, GroupWorkspace
 
 _GOOD = ("    mid = len(values) // 2\n    if len(values) % 2:\n        return values[mid]\n"
          "    return (values[mid - 1] + values[mid]) / 2\n")
@@ -56,5 +56,5 @@ def demo_group(task: CodeTask) -> GroupWorkspace:
             after[path] = text.encode()
         diff = tree_diff(base, after)
         g = grade_patch(task, diff)
-        rollouts.append(Rollout(rid, diff, g.passed, commands, g.reason))
+        rollouts.append(GradedTrajectory(rid, diff, g.passed, commands, g.reason))
     return GroupWorkspace(task.instruction, {k: v.decode() for k, v in base.items()}, rollouts, task.package)

@@ -28,14 +28,16 @@ from pathlib import Path
 from mimo_kit.config.base import Config, knob
 from mimo_kit.envs.code import is_protected
 from mimo_kit.envs.hacks import detect_hacks
+from mimo_kit.rl.advantages import pass_tiers
 from mimo_kit.rl.config import GARConfig
 
 AXES = ("approach", "precision", "minimality", "scope", "conventions")
 
 
 @dataclasses.dataclass
-class Rollout:
-    """One trajectory as the grader sees it."""
+class GradedTrajectory:
+    """One trajectory as the group grader sees it: its patch, its test verdict, the commands it ran (Report §4.3.2).
+    Not the rollout in flight (:class:`mimo_kit.infra.rollout.Rollout`): a view of one finished trajectory."""
 
     id: str
     diff: str
@@ -48,7 +50,7 @@ class Rollout:
 class GroupWorkspace:
     spec: str
     repo: dict[str, str]  # path → text of the base repository
-    rollouts: list[Rollout]
+    rollouts: list[GradedTrajectory]
     package: str = ""
 
     def write(self, dest: str | Path) -> Path:
@@ -82,10 +84,12 @@ class GroupVerdict:
 
 
 def tier_factors(verdict: GroupVerdict, cfg: GARConfig | None = None) -> dict[str, float]:
-    """Quality factors f_i ∈ (0, 1] for GAR from the verdict's tiers (ties share one), on the kit's one schedule
-    :meth:`mimo_kit.rl.config.GARConfig.factor` (the same one the trainer's GAR step uses)."""
+    """Quality factors f_i ∈ (0, 1] for GAR from the verdict's tiers (ties share one; an empty tier is skipped),
+    read by the trainer's own :func:`~mimo_kit.rl.advantages.pass_tiers` on the one schedule
+    :meth:`mimo_kit.rl.config.GARConfig.factor`: the grader and the trainer's GAR step cannot disagree."""
     cfg = cfg or GARConfig()
-    return {rid: cfg.factor(i) for i, tier in enumerate(verdict.ranking) for rid in tier}
+    ranked = [rid for tier in verdict.ranking for rid in tier]
+    return {rid: cfg.factor(t) for rid, t in pass_tiers(verdict.ranking, ranked, [True] * len(ranked)).items()}
 
 
 @dataclasses.dataclass
@@ -148,7 +152,8 @@ _FALLBACK = [(r"except\s*(Exception|BaseException)?\s*:", "broad or bare except"
              (r"^\s*if\s+isinstance\(", "a type-dispatch fallback"), (r"try\s*:", "a new try block")]
 
 
-def axis_scores(r: Rollout, group: GroupWorkspace, passing: list[Rollout], cfg: GraderConfig) -> tuple[dict, list]:
+def axis_scores(r: GradedTrajectory, group: GroupWorkspace, passing: list[GradedTrajectory],
+                cfg: GraderConfig) -> tuple[dict, list]:
     """The five axes for one passing rollout, each in [0, 1], with the reasons for every deduction.
 
     approach: changes the functions most passing rollouts change (the group's modal approach);

@@ -28,8 +28,8 @@ from mimo_kit.envs.code import is_protected
 from mimo_kit.envs.hacks import detect_hacks
 from mimo_kit.grading.group import (
     _FALLBACK,
+    GradedTrajectory,
     GroupWorkspace,
-    Rollout,
     added_lines,
     changed_functions,
     diff_files,
@@ -43,7 +43,7 @@ class RubricItem:
     text: str
     kind: str  # solution | behaviour
     origin: str  # task (anchored) | rollouts (inspired by what separates them)
-    check: Callable[[Rollout], bool] = dataclasses.field(repr=False)
+    check: Callable[[GradedTrajectory], bool] = dataclasses.field(repr=False)
 
 
 @dataclasses.dataclass
@@ -51,12 +51,12 @@ class Rubric:
     solution: list[RubricItem]
     behaviour: list[RubricItem]
 
-    def score(self, r: Rollout) -> tuple[float, float]:
+    def score(self, r: GradedTrajectory) -> tuple[float, float]:
         s_sol = sum(i.check(r) for i in self.solution) / max(1, len(self.solution))
         s_beh = sum(i.check(r) for i in self.behaviour) / max(1, len(self.behaviour))
         return s_sol, s_beh
 
-    def reward(self, r: Rollout) -> float:
+    def reward(self, r: GradedTrajectory) -> float:
         """R = R_test · S_sol · S_beh (Report §4.3)."""
         s_sol, s_beh = self.score(r)
         return float(r.passed) * s_sol * s_beh
@@ -106,11 +106,11 @@ def synthesize_rubric(group: GroupWorkspace) -> Rubric:
         if any(not item.check(r) for r in group.rollouts):  # only items that separate the rollouts
             sol.append(item)
 
-    def inspected_first(r: Rollout) -> bool:
+    def inspected_first(r: GradedTrajectory) -> bool:
         first_edit = next((i for i, c in enumerate(r.commands) if _edits(c)), len(r.commands))
         return any(_inspects(c) for c in r.commands[:first_edit])
 
-    def verified(r: Rollout) -> bool:
+    def verified(r: GradedTrajectory) -> bool:
         last_edit = max((i for i, c in enumerate(r.commands) if _edits(c)), default=-1)
         return any(_runs(c) for c in r.commands[last_edit + 1:])
 

@@ -26,6 +26,7 @@ from mimo_kit.rl.advantages import (
     gar_step,
     grpo_advantages,
     grs_reward,
+    pass_tiers,
     quality_factors,
 )
 from mimo_kit.rl.aggregation import MODES, aggregate_loss, group_weight, token_weights
@@ -95,7 +96,8 @@ __all__ = [
     "default_rules", "dynamic_sampling", "entropy_adaptive_eps_high", "flatten", "gar_advantages",
     "gar_redistribute", "gar_step", "group_weight", "grpo_advantages", "grs_reward", "keep_probability", "kl_k1",
     "kl_k3", "length_penalty", "load_jsonl", "mismatch_metrics", "opd_batch_loss", "opd_loss", "ppo_clip_loss",
-    "prefix_conditioned_context", "prompts_to_draw", "quality_factors", "reverse_kl_exact", "reverse_kl_per_token",
+    "pass_tiers", "prefix_conditioned_context", "prompts_to_draw", "quality_factors", "reverse_kl_exact",
+    "reverse_kl_per_token",
     "route_teachers", "save_jsonl", "segment_advantages", "sequence_advantages", "teacher_logprobs",
     "token_advantages", "token_entropy", "token_weights", "truncated_is_weights", "unflatten",
 ]

@@ -163,17 +163,15 @@ def _get(verdict: Any, key: str, default: Any = None) -> Any:
     return verdict.get(key, default) if isinstance(verdict, Mapping) else getattr(verdict, key, default)
 
 
-def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: float = GAR.tier_decay,
-                    min_factor: float = GAR.min_factor) -> torch.Tensor:
-    """Quality factors f_i ∈ (0, 1] of the passes from the grader's ranking with ties (Report §4.3).
+def pass_tiers(ranking: Any, ids: Sequence[str], passed: Any) -> dict[str, int]:
+    """Tier t of every pass (t = 0 for the best) from the grader's ranking with ties (Report §4.3): the one reading
+    of a verdict, for the trainer's quality factors and the grader's alike.
 
     ``ranking`` is either tiers, best first (``[["b"], ["a", "d"], ["c"]]``: a and d tie), or a mapping
-    id → score (higher is better; equal scores tie). Passes are ranked densely among themselves; the t-th tier
-    (t = 0 for the best) gets f = max(min_factor, tier_decay^t) (:meth:`GARConfig.factor`). Failures get f = 1
-    (unused by GAR). Raises :class:`VerdictError` when a pass is missing, an id is unknown or repeated, or a score
+    id → score (higher is better; equal scores tie). Passes are ranked densely among themselves: a tier holding no
+    pass is skipped. Raises :class:`VerdictError` when a pass is missing, an id is unknown or repeated, or a score
     is not finite.
     """
-    schedule = dataclasses.replace(GAR, tier_decay=tier_decay, min_factor=min_factor)
     ids = list(ids)
     p = torch.as_tensor(passed, dtype=torch.bool)
     if len(ids) != p.numel():
@@ -208,15 +206,23 @@ def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: f
     if missing:
         raise VerdictError(f"ranking misses passing trajectories {missing!r}")
     pass_ids = {k for k, ok in zip(ids, p.tolist()) if ok}
+    non_empty = [[k for k in t if k in pass_ids] for t in tiers]
+    return {k: tier for tier, members in enumerate(m for m in non_empty if m) for k in members}
+
+
+def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: float = GAR.tier_decay,
+                    min_factor: float = GAR.min_factor) -> torch.Tensor:
+    """Quality factors f_i ∈ (0, 1] of the passes from the grader's ranking with ties (Report §4.3).
+
+    The t-th tier of passes (:func:`pass_tiers`, t = 0 for the best) gets f = max(min_factor, tier_decay^t)
+    (:meth:`GARConfig.factor`). Failures get f = 1 (unused by GAR). Raises :class:`VerdictError` on a verdict
+    :func:`pass_tiers` refuses.
+    """
+    schedule = dataclasses.replace(GAR, tier_decay=tier_decay, min_factor=min_factor)
+    ids = list(ids)
     f = torch.ones(len(ids))
-    tier = 0
-    for t in tiers:
-        members = [k for k in t if k in pass_ids]
-        if not members:
-            continue
-        for k in members:
-            f[ids.index(k)] = schedule.factor(tier)
-        tier += 1
+    for k, tier in pass_tiers(ranking, ids, passed).items():
+        f[ids.index(k)] = schedule.factor(tier)
     return f
 
 

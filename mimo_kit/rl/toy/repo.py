@@ -493,10 +493,10 @@ class RepoWorld:
 
     def grade_group(self, sample: Sample):
         """The rule-based group grader on the group's patches and commands (Report §4.3)."""
-        from mimo_kit.grading.group import GroupWorkspace, Rollout, RuleGroupGrader
+        from mimo_kit.grading.group import GradedTrajectory, GroupWorkspace, RuleGroupGrader
 
         ws = GroupWorkspace(spec=sample.metadata.get("instruction", ""), repo={},
-                            rollouts=[Rollout(q.sequence_id, q.metadata.get("grade", {}).get("diff", ""),
+                            rollouts=[GradedTrajectory(q.sequence_id, q.metadata.get("grade", {}).get("diff", ""),
                                               bool(q.passed), list(q.metadata.get("commands", [])))
                                       for q in sample.sequences])
         return RuleGroupGrader().grade(ws)

@@ -43,7 +43,7 @@ import difflib
 import random
 from typing import Any
 
-from mimo_kit.grading.group import GroupWorkspace, Rollout, RuleGroupGrader
+from mimo_kit.grading.group import GradedTrajectory, GroupWorkspace, RuleGroupGrader
 from mimo_kit.infra import rollout
 from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
 from mimo_kit.rl.trajectory import Sample, Segment
@@ -279,7 +279,7 @@ def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
     grader = grader or RuleGroupGrader()
     t = sample.metadata["task"]
     ws = GroupWorkspace(spec="fix the failing line of prog.txt", repo={"prog.txt": "\n".join(t["buggy"]) + "\n"},
-                        rollouts=[Rollout(s.sequence_id, s.metadata["diff"], bool(s.passed),
+                        rollouts=[GradedTrajectory(s.sequence_id, s.metadata["diff"], bool(s.passed),
                                           list(s.metadata["actions"])) for s in sample.sequences])
     return grader.grade(ws)
 
