@@ -227,7 +227,8 @@ def play_script(env: Any, harness: str, calls: list[tuple[str, dict]], domain: s
     the outcome (reward, passed, finish, steps, grade). Each call is written in the harness's action format
     (:func:`mimo_kit.harness.render_call`) and parsed back by it, as a model's reply would be."""
     from mimo_kit.harness.episode import ByteTokenizer, HarnessEpisode
-    from mimo_kit.harness.formats import FormatError, render_call
+    from mimo_kit.harness.formats import render_call
+    from mimo_kit.harness.record import chat_messages
 
     tok = ByteTokenizer()
     ep = HarnessEpisode(env, harness, tok, domain=domain)
@@ -237,24 +238,10 @@ def play_script(env: Any, harness: str, calls: list[tuple[str, dict]], domain: s
         if ep.act(tok.encode(reply) + [tok.end_id], "stop").done:
             break
     out = ep.outcome()
-    messages: list[dict] = []
-    pending: list[str] = []
-    for m in ep.messages:
-        if m["role"] == "assistant":
-            try:
-                parsed = ep.fmt.parse(m["content"])
-            except FormatError:
-                parsed = []
-            messages.append({"role": "assistant", "content": m["content"],
-                             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in parsed]})
-            pending = [c.name for c in parsed]
-        elif m["role"] == "tool":
-            if not pending:
-                raise TraceError(f"play_script: harness {harness!r} answered an action that made no tool call "
-                                 f"({messages[-1]['content'][:60]!r}); the teacher's script is broken")
-            messages.append({"role": "tool", "name": pending.pop(0), "content": m["content"]})
-        else:
-            messages.append({"role": m["role"], "content": m["content"]})
+    try:
+        messages = chat_messages(ep)
+    except ValueError as e:
+        raise TraceError(f"play_script: harness {harness!r}: {e}; the teacher's script is broken") from None
     grade = out.metadata.get("grade", {})
     return messages, {"reward": out.reward, "passed": bool(out.passed), "finish": out.metadata.get("finish"),
                       "steps": out.metadata.get("steps"),
