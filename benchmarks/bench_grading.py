@@ -53,7 +53,10 @@ def main() -> None:
         "sandboxed runner this replaced, which let agent code forge its verdict, measured 47–73 ms medians on the "
         "same machine the same day: the judge costs a second Python start and one round trip per call.)",
         markdown_table(grading),
-        "## Other graders", markdown_table(other)])
+        "## Other graders", markdown_table(other),
+        "## Budgets stop a bomb\nA resource budget ends a runaway episode in seconds instead of at its timeout "
+        "(the test suite checks that the budget, not the timeout, stopped it; the time lives here).",
+        markdown_table(r["budgets"]) if r["budgets"] else "No cgroup on this machine: not measured."])
     Path(args.out).write_text(text + "\n")
     print(text)
 

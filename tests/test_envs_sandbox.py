@@ -118,10 +118,9 @@ def test_memory_bomb_across_many_processes_hits_the_total_budget(tmp_path):
     """cgroup memory: 8 processes of 48 MB each pass every per-process limit, not a 128 MB total."""
     code = ("import os, time\nfor _ in range(3): os.fork()\nx = bytearray(48 << 20)\n"
             "for i in range(0, len(x), 4096): x[i] = 1\ntime.sleep(3)\n")
-    t0 = time.perf_counter()
     r = run_sandboxed([sys.executable, "-c", code], tmp_path, cfg=SandboxConfig(memory_mb=128, timeout_s=20))
     assert r.oom_killed and "memory budget of 128 MB exceeded" in r.stderr, r.output
-    assert r.peak_memory_mb <= 129 and time.perf_counter() - t0 < 15
+    assert r.peak_memory_mb <= 129 and not r.timed_out  # the budget stopped it (how soon: bench_grading.py)
     assert r.uid is None or uid_pids(r.uid) == []
 
 
@@ -140,11 +139,10 @@ def test_5_gb_of_writes_stop_at_the_volume_and_scratch_budgets(tmp_path):
             cmd = ("for d in . /tmp /dev/shm /var/tmp; do for i in $(seq 100); do "
                    "head -c 50000000 /dev/zero > $d/fill$i 2>/dev/null || break; done; "
                    "echo $(cat $d/fill* | wc -c); done")
-            t0 = time.perf_counter()
             r = run_sandboxed(cmd, ws, uid=uid, cfg=SandboxConfig(scratch_mb=8, timeout_s=60))
             written = [int(x) for x in r.stdout.split()]
             assert len(written) == 4 and written[0] <= 16 << 20 and sum(written[1:]) <= 8 << 20, r.output
-            assert time.perf_counter() - t0 < 10 and vol_usage(vol) <= 16
+            assert not r.timed_out and vol_usage(vol) <= 16  # every write stopped at a full disk, not the timeout
         finally:
             release_uid(uid)
     assert not any(os.path.exists(f"{d}/fill1") for d in ("/tmp", "/dev/shm", "/var/tmp"))

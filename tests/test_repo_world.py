@@ -158,10 +158,14 @@ def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
                                "progress": False, "policy.hidden_size": 32, "refill_rounds": 0})
     r = run_rl(cfg)
     assert set(r["sft_eval"]["harnesses"]) == set(ALL) and set(r["rl_eval"]["harnesses"]) == set(ALL)
-    assert r["history"][0]["trained_tokens"] >= 0
     [path] = sorted((tmp_path / "trajectories").glob("*.jsonl"))
     samples = load_jsonl(path)
-    assert len(samples) == r["history"][0]["groups_drawn"]
+    h = r["history"][0]
+    assert len(samples) == h["groups_drawn"]
+    # the step trained on the kept groups' generated tokens: some iff a group was kept, never more than were drawn
+    drawn_tokens = sum(len(seg) for s in samples for q in s.sequences for c in q.contexts for seg in c.segments
+                       if seg.trainable)
+    assert (h["trained_tokens"] > 0) == (h["groups_trained"] > 0) and h["trained_tokens"] <= drawn_tokens
     for s in samples:
         assert s.metadata["harness"] in repo.TRAIN_HARNESSES
         for q in s.sequences:

@@ -35,15 +35,19 @@ def server():
 
 
 def test_rl_steps_with_the_engine_in_another_process(server, tmp_path):
-    r = run_rl(RLConfig.preset("toy", engine_url=server, steps=2, prompts=4, eval_tasks=4, sft={"steps": 30},
-                               checkpoint_every=0, progress=False, dynamic_sampling=False, out_dir=str(tmp_path)))
+    cfg = RLConfig.preset("toy", engine_url=server, steps=2, prompts=4, eval_tasks=4, sft={"steps": 30},
+                          checkpoint_every=0, progress=False, dynamic_sampling=False, out_dir=str(tmp_path))
+    r = run_rl(cfg)
     assert [h["step"] for h in r["history"]] == [1, 2]
     for h in r["history"]:
         # the server rolled out with exactly the trainer's weights of that version: the log-probs it recorded are the
         # trainer's own (what the weight sync through a folder and /update_weights_from_disk has to guarantee)
         assert h["trained_tokens"] > 0 and h["mismatch_abs_dlogp"] < 1e-4
     assert SGLangEngine(server).policy_version == 2  # the version bumped once per step
-    assert r["sft_eval"]["pass_rate"] >= 0 and r["rl_eval"]["pass_rate"] >= 0
+    n = cfg.eval_tasks * cfg.eval_samples
+    for ev in (r["sft_eval"], r["rl_eval"]):  # both evaluations were played through the server, every episode
+        assert ev["gen_tokens"] > 0 and ev["turns"] >= 1
+        assert 0 <= ev["pass_rate"] <= 1 and ev["pass_rate"] * n == pytest.approx(round(ev["pass_rate"] * n))
 
 
 def test_engine_url_is_checked():

@@ -99,6 +99,32 @@ def _timed(fn, repeats: int) -> dict:
     return {"median_ms": round(1000 * statistics.median(times), 1), "max_ms": round(1000 * max(times), 1)}
 
 
+def _budget_stops(ws: str, repeats: int) -> list[dict]:
+    """How soon the budgets stop a bomb, against the timeout that would stop it otherwise: 8 processes of 48 MB
+    under a 128 MB cgroup memory budget, and a fork bomb under a 12-task budget (needs the cgroup layer)."""
+    from mimo_kit.envs.sandbox import SandboxConfig, run_sandboxed
+
+    memory = ("import os, time\nfor _ in range(3): os.fork()\nx = bytearray(48 << 20)\n"
+              "for i in range(0, len(x), 4096): x[i] = 1\ntime.sleep(3)\n")
+    bombs = [("memory: 8 × 48 MB under 128 MB", [sys.executable, "-c", memory], SandboxConfig(memory_mb=128,
+                                                                                            timeout_s=20)),
+             ("tasks: fork bomb under 12 tasks", "bomb() { bomb | bomb & }; bomb; sleep 1",
+              SandboxConfig(nproc=12, timeout_s=20))]
+    rows = []
+    for name, cmd, cfg in bombs:
+        seconds, stopped = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            r = run_sandboxed(cmd, ws, cfg=cfg)
+            seconds.append(time.perf_counter() - t0)
+            stopped.append(not r.timed_out)
+        med = statistics.median(seconds)
+        rows.append({"bomb": name, "stopped by the budget": f"{sum(stopped)} of {repeats}",
+                     "seconds (median)": round(med, 2), "timeout (s)": cfg.timeout_s,
+                     "median / timeout": round(med / cfg.timeout_s, 3)})
+    return rows
+
+
 @experiment("bench-grading", BenchGradingConfig, chapter="ch04b")
 def run_bench_grading(cfg: BenchGradingConfig) -> dict:
     """Sandbox overhead over a bare subprocess, and the time to grade a toy code task, a cyber PoC, a general task."""
@@ -135,8 +161,9 @@ def run_bench_grading(cfg: BenchGradingConfig) -> dict:
             shutil.rmtree(d, ignore_errors=True)
 
     caps = capabilities()
+    budgets = _budget_stops(ws, min(n, 3)) if caps.layers.get("cgroup") else []
     shutil.rmtree(ws, ignore_errors=True)
-    return {"sandbox": sandbox, "code_grading": grading,
+    return {"sandbox": sandbox, "code_grading": grading, "budgets": budgets,
             "cyber_grading": {"target": target.id, **_timed(lambda: cyber.grade_poc(target, target.gold_poc), n)},
             "general_grading": {"task": gtask.id, **_timed(grade_general_once, n)},
             "isolation": {layer: on for layer, on in caps.layers.items()}}
