@@ -18,26 +18,13 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-#: The module whose ``solution(n)`` computes a chapter's reference answers.
-_SOLUTIONS = {
-    "ch01": "mimo_kit.intro",
-    "ch02a": "mimo_kit.model.exercises",
-    "ch02b": "mimo_kit.speculative.exercises",
-    "ch02c": "mimo_kit.model.encoder_experiments",
-    "ch03": "mimo_kit.pretrain.exercises",
-    "ch04a": "mimo_kit.rl.exercises",
-    "ch04b": "mimo_kit.envs.experiments",
-    "ch04c": "mimo_kit.rl.examples",
-    "ch05a": "mimo_kit.rl.exercises",
-    "ch05b": "mimo_kit.rl.mopd_exercises",
-    "ch06": "mimo_kit.infra.exercises",
-    "ch07": "mimo_kit.distill.exercises",
-}
+#: The chapters with exercises; ``mimo_kit.solutions.<chapter>.solution(n)`` computes their reference answers.
+CHAPTERS = ("ch01", "ch02a", "ch02b", "ch02c", "ch03", "ch04a", "ch04b", "ch04c", "ch05a", "ch05b", "ch06", "ch07")
 
 
 @functools.cache
 def _reference(chapter: str, index: int) -> Any:
-    return importlib.import_module(_SOLUTIONS[chapter]).solution(index)
+    return importlib.import_module(f"mimo_kit.solutions.{chapter}").solution(index)
 
 
 def _run_target(answer: Any) -> Any:
@@ -69,7 +56,6 @@ class Exercise:
     number: int
     form: str
     tol: float | tuple[float, ...] | None = None
-    solution_index: int | None = None  # ``solution(k)`` of the chapter's module; default: the exercise number
     normalise: Callable[[Any], Any] | None = None
 
     @property
@@ -79,7 +65,7 @@ class Exercise:
     def reference(self) -> Any:
         """The kit's reference answer, computed by the kit's own functions (once per process: some run the hack
         suite or build a sanitizer target)."""
-        return copy.deepcopy(_reference(self.chapter, self.solution_index or self.number))
+        return copy.deepcopy(_reference(self.chapter, self.number))
 
     def accepts(self, answer: Any) -> bool:
         ref = self.reference()
@@ -144,8 +130,8 @@ _ALL = [
     Exercise("ch04c", 3, "a penalty to 4 decimals, ±0.0005", tol=0.0005),
     Exercise("ch04c", 4, "a loss to 4 decimals, ±0.0005", tol=0.0005),
     Exercise("ch04c", 5, "an integer number of prompts"),
-    Exercise("ch05a", 1, "an integer", solution_index=3),
-    Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)', solution_index=4,
+    Exercise("ch05a", 1, "an integer"),
+    Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),
     Exercise("ch05b", 1, "k_t to 4 decimals, ±0.0001", tol=0.0001),
     Exercise("ch05b", 2, "nats to 3 decimals, ±0.001", tol=0.001),
@@ -169,7 +155,7 @@ def exercise(chapter: str, number: int) -> Exercise:
     except KeyError:
         known = sorted(n for c, n in EXERCISES if c == chapter)
         raise KeyError(f"no exercise {number!r} in chapter {chapter!r}; "
-                       f"{'known: ' + str(known) if known else 'chapters: ' + ', '.join(_SOLUTIONS)}") from None
+                       f"{'known: ' + str(known) if known else 'chapters: ' + ', '.join(CHAPTERS)}") from None
 
 
 def chapter_exercises(chapter: str) -> list[Exercise]:

@@ -7,8 +7,6 @@ preset, side by side.
 
 from __future__ import annotations
 
-from mimo_kit.config.kit import KitConfig
-
 #: Report §1: RL is scaled along three axes at once.
 SCALING_AXES = {
     "training compute": "batch and throughput: 1,568 prompts × 16 rollouts per step, partial rollouts (§4.1)",
@@ -65,21 +63,3 @@ RL_COST = {"pro_usd": 2.6e6, "flash_usd": 0.9e6, "pro_split": {"rollout": 43.8, 
 
 #: Report §1–2: headline sizes (total, active).
 REPORTED_SIZES = {"flash": (310e9, 15e9), "pro": (1.02e12, 42e9)}
-
-
-def solution(n: int):
-    """Reference answers to the chapter's exercises, computed by the kit (the notebook checks against them)."""
-    from mimo_kit.launch import shell_command
-
-    if n == 1:
-        layers = [0] + list(range(3, 48, 4))
-        return KitConfig.preset("flash", **{"model.global_layers": layers}).model.layer_types.count(
-            "sliding_attention")
-    if n == 2:
-        rollouts = 4096 * 8
-        return (rollouts, round(3.7e9 / rollouts))
-    if n == 3:
-        from mimo_kit.intro.experiments import ScaleKnobsConfig
-
-        return shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",)))
-    raise ValueError(f"chapter 1 has exercises 1-3, not {n!r}")

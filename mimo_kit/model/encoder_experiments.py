@@ -50,7 +50,7 @@ HEADER = ("Produced by `mimo-kit run {name}` and published with `mimo-kit result
           "(`mimo_kit/model/encoder_experiments.py`).")
 
 __all__ = ["RVQLevelsConfig", "ViTWindowsConfig", "attention_pairs", "bar_images", "rvq_levels", "run_rvq_levels",
-           "run_vit_windows", "solution", "vit_windows"]
+           "run_vit_windows", "vit_windows"]
 
 
 def _vit_default() -> ViTConfig:
@@ -420,17 +420,3 @@ def rvq_levels(cfg: RVQLevelsConfig) -> dict:
     """Reconstruction error of the RVQ audio tokenizer vs levels 0..20 on synthetic audio, fit and held out,
     mean ± sd over seeds."""
     return run_rvq_levels(cfg)
-
-
-# ---- exercises ------------------------------------------------------------------------------------------------
-def solution(n: int):
-    """Reference answers of chapter 2c's exercises (``mimo_kit.exercises``)."""
-    if n == 1:  # backbone positions per minute of audio: 60 s × 25 Hz / 4 frames
-        return round(60 * token_rates()["positions_per_s"])
-    if n == 2:  # fixed 8 × 8-patch tiles of a 448 × 448 image at patch 14
-        vit = ViTConfig.preset("report")
-        return (vit.grid // vit.tile) ** 2
-    if n == 3:  # RVQ tokens of 30 s of audio: 30 s × 25 Hz × 20 levels
-        return round(30 * token_rates()["tokens_per_s"])
-    raise ValueError(f"ch02c has exercises 1–3, not {n}")
-

@@ -1,4 +1,5 @@
-"""Checkable answers to chapter 5b's exercises (the registry ``mimo_kit.exercises`` checks answers against them)."""
+"""Chapter 5b's exercises: the reference answers, computed by the kit's own functions (:mod:`mimo_kit.exercises`
+checks a notebook's answers against them)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Reference answers to chapter 2's exercises, computed by the kit (the notebook checks against them)."""
+"""Chapter 2a's exercises: the reference answers, computed by the kit's own functions (:mod:`mimo_kit.exercises`
+checks a notebook's answers against them)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,24 @@
+"""Chapter 1's exercises: the reference answers, computed by the kit's own functions (:mod:`mimo_kit.exercises`
+checks a notebook's answers against them)."""
+
+from __future__ import annotations
+
+from mimo_kit.config.kit import KitConfig
+
+
+def solution(n: int):
+    """Reference answers to the chapter's exercises, computed by the kit (the notebook checks against them)."""
+    from mimo_kit.launch import shell_command
+
+    if n == 1:
+        layers = [0] + list(range(3, 48, 4))
+        return KitConfig.preset("flash", **{"model.global_layers": layers}).model.layer_types.count(
+            "sliding_attention")
+    if n == 2:
+        rollouts = 4096 * 8
+        return (rollouts, round(3.7e9 / rollouts))
+    if n == 3:
+        from mimo_kit.intro.experiments import ScaleKnobsConfig
+
+        return shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",)))
+    raise ValueError(f"chapter 1 has exercises 1-3, not {n!r}")
