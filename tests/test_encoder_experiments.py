@@ -19,11 +19,11 @@ from mimo_kit.model.encoder_experiments import (
     run_vit_windows,
     rvq_levels_figure,
     rvq_levels_table,
-    solution,
     vit_windows_figure,
     vit_windows_table,
 )
 from mimo_kit.model.vision import ViTConfig, band_mask
+from mimo_kit.solutions.ch02c import solution
 
 VIT = ViTConfig.preset("tiny", in_channels=1)  # 16 px, patch 2, tiles of 4 patches = 8 px: boundary at 8
 
