@@ -24,8 +24,8 @@ def append(code: str) -> str:
 CFG = CodeEnvConfig(grade_timeout_s=4.0)  # a stalled agent costs 4 s, not 20
 
 
-def episode(commands: list[str], task=TASK) -> dict:
-    with CodeEnv(task, cfg=CFG) as env:
+def episode(commands: list[str], task=TASK, cfg: CodeEnvConfig = CFG) -> dict:
+    with CodeEnv(task, cfg=cfg) as env:
         tools = ToolRegistry([bash_tool(env.workspace, timeout_s=20.0)])
         for c in commands:
             tools.call("bash", {"command": c})
@@ -76,7 +76,9 @@ ALWAYS_EQUAL = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forging_the_verdict_from_the_agents_process_scores_zero(name):
-    g = episode([append(FORGERIES[name])])
+    # a stalled agent runs into the judge's deadline, which must leave the judge time to start and report first:
+    # 4 s does on an idle machine, not under two test suites at once
+    g = episode([append(FORGERIES[name])], cfg=CodeEnvConfig(grade_timeout_s=12.0) if name == "stall" else CFG)
     assert not g["tests_passed"] and g["reward"] == 0.0, (name, g["reason"])
     assert "F2P test_hidden_stats.py::test_median_even: failed" in g["reason"], g["reason"]
 
