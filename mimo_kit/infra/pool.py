@@ -429,9 +429,10 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     127.0.0.1 when "clusters" are off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``; a ``_node_ip_address`` of 127.0.0.1
     is otherwise replaced by the routable address). Authentication is token mode with a fresh token passed in the
     environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), so the driver, the GCS, the raylet and the workers
-    agree and nothing is written to ``~/.ray``. No dashboard; every port is picked free by the OS (the dashboard agent's
-    too), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``),
-    whatever the editable install points at. Stop it with :func:`stop_local_head`.
+    agree and nothing is written to ``~/.ray``. No dashboard, no autoscaler or log monitor; every port is picked free
+    by the OS (the dashboard agent's too) and heads start one at a time on a machine (a file lock), so heads of
+    several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``), whatever the
+    editable install points at. Stop it with :func:`stop_local_head`.
     """
     import secrets
     import sys
