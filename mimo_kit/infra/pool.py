@@ -430,8 +430,8 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     is otherwise replaced by the routable address). Authentication is token mode with a fresh token passed in the
     environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), so the driver, the GCS, the raylet and the workers
     agree and nothing is written to ``~/.ray``. No dashboard, no autoscaler or log monitor; every port is picked free
-    by the OS (the dashboard agent's too) and heads start one at a time on a machine (a file lock), so heads of
-    several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``), whatever the
+    by the OS (the agents' are picked here and passed to them) and heads start one at a time on a machine (a file
+    lock), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``), whatever the
     editable install points at. Stop it with :func:`stop_local_head`.
     """
     import secrets
@@ -460,28 +460,49 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     # the raylet inherits this environment and its workers inherit the raylet's: a plain variable, not a runtime
     # env (a runtime env sends every worker start through Ray's agent: ~8 s a worker on 2 cores instead of ~0.5 s)
     os.environ["PYTHONPATH"] = os.pathsep.join([root] + [p for p in (before or "").split(os.pathsep) if p])
-    # Ray's node parameters that ray.init does not expose, set for a private one-machine head: the dashboard agent
-    # off its fixed port (52365: two heads on one machine, two test runs or a notebook beside a benchmark, collide
-    # there and the second raylet dies) to port 0, a free one it reports back, as Ray's one-machine test clusters
-    # do; and no autoscaler monitor nor log monitor (one fixed node; worker logs stay in the session folder): two
-    # Python processes fewer to start, on a machine where the raylet gives its agents a fixed 15 s to come up
+    # Ray's node parameters that ray.init does not expose, set for a private one-machine head. The agents' ports are
+    # picked free here and passed in: the dashboard agent's fixed 52365 would collide between two heads on one
+    # machine (two test runs, a notebook beside a benchmark; the second raylet dies). And the raylet waits a fixed
+    # 15 s for the agent to write its ports into the session folder, then aborts, which a loaded 2-core machine
+    # misses (the agent is a Python process importing Ray; 20+ s under two test suites): the ports being known, they
+    # are written there before the raylet starts, with Ray's own writer (the agent writes the same values once up).
+    # No autoscaler monitor nor log monitor either (one fixed node; worker logs stay in the session folder): two
+    # Python processes fewer to start.
+    from ray._private import node as ray_node
     from ray._private import parameter
+
+    from mimo_kit.infra.dist import free_port
 
     ray_params = parameter.RayParams
 
     class LocalHeadParams(ray_params):
         def __init__(self, *args, **kwargs):
-            kwargs.setdefault("dashboard_agent_listen_port", None)  # None → 0: any free port
+            for port in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
+                         "runtime_env_agent_port"):
+                if kwargs.get(port) is None:
+                    kwargs[port] = free_port()  # fresh ones on every attempt
             kwargs.setdefault("no_monitor", True)
             kwargs.setdefault("include_log_monitor", False)
             super().__init__(*args, **kwargs)
 
+    start_raylet = ray_node.Node.start_raylet
+
+    def start_raylet_after_ports(node, *args, **kwargs):
+        try:
+            from ray._raylet import persist_port
+        except ImportError:  # a Ray that does not wait on port files
+            return start_raylet(node, *args, **kwargs)
+        for name in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port"):
+            persist_port(node._session_dir, node._node_id, name, getattr(node._ray_params, name))
+        return start_raylet(node, *args, **kwargs)
+
     parameter.RayParams = LocalHeadParams
+    ray_node.Node.start_raylet = start_raylet_after_ports
     lock = open(os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock"), "w")  # noqa: SIM115
     try:
         for attempt in range(1, START_ATTEMPTS + 1):
-            # one head starts at a time on this machine (its agents' start is the heavy part, and the raylet gives
-            # them a fixed 15 s to report their ports); heads already running are not waited for
+            # one head starts at a time on this machine (its agents' start is the heavy part, and Ray gives a new
+            # raylet a fixed 30 s to register); heads already running are not waited for
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 ctx = ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
@@ -500,6 +521,7 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     finally:  # the driver's own subprocesses see the environment they had
         lock.close()
         parameter.RayParams = ray_params
+        ray_node.Node.start_raylet = start_raylet
         if before is None:
             os.environ.pop("PYTHONPATH", None)
         else:
