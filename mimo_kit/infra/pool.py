@@ -431,8 +431,8 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     environment (``RAY_AUTH_MODE=token``, ``RAY_AUTH_TOKEN``), so the driver, the GCS, the raylet and the workers
     agree and nothing is written to ``~/.ray``. No dashboard, no autoscaler or log monitor; every port is picked free
     by the OS (the agents' are picked here and passed to them) and heads start one at a time on a machine (a file
-    lock), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``), whatever the
-    editable install points at. Stop it with :func:`stop_local_head`.
+    lock), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``),
+    whatever the editable install points at. Stop it with :func:`stop_local_head`.
     """
     import secrets
     import sys
