@@ -21,7 +21,7 @@ import torch
 
 from mimo_kit.launch import launch
 from mimo_kit.pretrain import PretrainConfig, run_pretrain
-from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 
 def rel(a: list[float], b: list[float]) -> float:

@@ -294,11 +294,13 @@ def bench_compare(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> 
     """The kit and transformers' eager model on one set of bf16 weights; two rows (the second notes the ratio)."""
     from transformers import MiMoV2FlashForCausalLM
 
+    from mimo_kit.model.hf import to_hf
+
     T = cfg.compare_tokens
     flop = forward_flops(cfg.model, T, logits=1)["total"]
     kit = build_model(cfg.model, device, torch.bfloat16, cfg.seed).eval()
     with torch.device(device):
-        hf = MiMoV2FlashForCausalLM(cfg.model.to_hf())
+        hf = MiMoV2FlashForCausalLM(to_hf(cfg.model))
     hf.config._attn_implementation = "eager"
     hf.load_state_dict(kit.state_dict(), assign=True)  # hf's own weights are dropped: both run the kit's tensors
     hf.eval()

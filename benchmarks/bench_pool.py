@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from mimo_kit.nb import markdown_table
-from mimo_kit.rl.pool_measure import plot_porter, plot_scaling, pool_scaling, porter_memory, ray_head
+from mimo_kit.train.pool_measure import plot_porter, plot_scaling, pool_scaling, porter_memory, ray_head
 
 HERE = Path(__file__).resolve().parent
 

@@ -25,9 +25,9 @@ import torch
 from mimo_kit.infra import GenerationRequest, InProcessEngine
 from mimo_kit.infra import rollout as driver
 from mimo_kit.nb import markdown_table
-from mimo_kit.rl.sft import PolicyConfig, build_policy
-from mimo_kit.rl.toy.world import TOKENIZER, ToyEpisode, episodes, make_tasks, rollout_settings
 from mimo_kit.rl.trajectory import Context, Sample, Segment, Sequence
+from mimo_kit.train.sft import PolicyConfig, build_policy
+from mimo_kit.train.toy.world import TOKENIZER, ToyEpisode, episodes, make_tasks, rollout_settings
 
 
 # ---- the baseline: the toy world's turn loop before the driver ----------------------------------------------------

@@ -55,11 +55,11 @@ def _notebook(ch: Chapter) -> nbformat.NotebookNode:
 SETUP = "from mimo_kit.exercises import exercise"
 
 CH01 = Chapter("ch01_introduction", "ch01", "Chapter 1 · Introduction", """
-from mimo_kit.config import preset
-from mimo_kit.exercises import exercise""", [
+from mimo_kit.exercises import exercise
+from mimo_kit.model import MiMoConfig""", [
     Key(1, r"""
 Give the Flash backbone a GA layer every 4th layer instead (`global_layers` = 0, 3, 7, 11, …, 47). How many SWA
-layers remain? Build it with `preset("flash", **{"model.global_layers": [...]})`.""", r"""
+layers remain? Build it with `MiMoConfig.preset("flash", global_layers=[...])`.""", r"""
 Flash has 48 layers. The GA layers are layer 0 and the layers $3, 7, \dots, 47$, an arithmetic sequence of step 4
 with $\frac{47 - 3}{4} + 1 = 12$ members, so there are $1 + 12 = 13$ GA layers and
 
@@ -69,8 +69,8 @@ A common slip is to forget layer 0 (it is not of the form $4k + 3$) and answer $
 global_layers = [0] + list(range(3, 48, 4))
 print("GA layers:", global_layers, "count:", len(global_layers))
 print("SWA layers by hand:", 48 - len(global_layers))
-cfg = preset("flash", **{"model.global_layers": global_layers})
-answer_1 = cfg.model.layer_types.count("sliding_attention")
+cfg = MiMoConfig.preset("flash", global_layers=global_layers)
+answer_1 = cfg.layer_types.count("sliding_attention")
 print("SWA layers of the built config:", answer_1)
 assert answer_1 == 48 - len(global_layers)''', '''
 assert exercise("ch01", 1).accepts(answer_1)
@@ -385,7 +385,7 @@ assert not exercise("ch03", 3).accepts(2.0 * min(grid, key=lambda g: abs(g - 0.3
 ])
 
 CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP + '''
-from mimo_kit.rl.trainer import RLConfig''', [
+from mimo_kit.train.trainer import RLConfig''', [
     Key(1, r"""
 How many times more rollouts does one report step hold than the toy world's step (`RLConfig.preset("toy")`:
 16 prompts × 8)? (integer)""", r"""
@@ -423,10 +423,10 @@ CH04B = Chapter("ch04b_environments_and_harnesses", "ch04b", "Chapter 4b · Envi
                 '''
 from mimo_kit.envs.code import shipped_tasks
 from mimo_kit.envs.cyber import run_poc, shipped_targets
-from mimo_kit.envs.hacks import run_hack_suite
 from mimo_kit.exercises import exercise
 from mimo_kit.grading import synthesize_rubric
-from mimo_kit.grading.demo import demo_group''', [
+from mimo_kit.grading.demo import demo_group
+from mimo_kit.harness.hack_suite import run_hack_suite''', [
     Key(1, r"""
 How many of the shipped code tasks does the `git-history` strategy alone bypass in the *uncleaned* variant?
 (`run_hack_suite(tasks, strategies=["git-history"], variants=(False,))`)""", r"""
@@ -639,7 +639,7 @@ assert not exercise("ch04c", 5).accepts(math.ceil(B / q))  # the mean, not 90% c
 ])
 
 CH05A = Chapter("ch05a_rl_experiments", "ch05a", "Chapter 5a · The report's RL experiments", SETUP + '''
-from mimo_kit.rl.toy.world import ToyEpisode, make_tasks''', [
+from mimo_kit.train.toy.world import ToyEpisode, make_tasks''', [
     Key(1, r"""
 An episode fixes the bug and then appends `A*1`. How many needless edits does the world count?""", r"""
 The world counts the lines that differ from the buggy program other than the bug line, plus the lines added
@@ -682,7 +682,7 @@ CH05B = Chapter("ch05b_mopd2", "ch05b", "Chapter 5b · MOPD²", '''
 import math
 
 from mimo_kit.exercises import exercise
-from mimo_kit.rl.mopd import ROUTES''', [
+from mimo_kit.train.mopd import ROUTES''', [
     Key(1, r"""
 A student token has log-prob −1.2 under the student and −0.5 under the teacher. What is its sampled reverse KL
 $k_t$ (4 decimals, ±0.0001)? Is the student pushed toward or away from that token?""", r"""
@@ -722,7 +722,7 @@ assert not exercise("ch05b", 2).accepts(forward)  # KL(teacher || student)'''),
     Key(3, r"""
 A batch's rows have domains open, verifiable, open, open. With the kit's routes, which row indices does teacher
 `sft` score (a sorted list)?""", r"""
-The kit routes `verifiable` to the RL teacher and `open` to the SFT teacher (`mimo_kit.rl.mopd.ROUTES`). The open
+The kit routes `verifiable` to the RL teacher and `open` to the SFT teacher (`mimo_kit.train.mopd.ROUTES`). The open
 rows are 0, 2 and 3, so teacher `sft` scores $[0, 2, 3]$ and teacher `rl` row $[1]$; answering the RL teacher's
 rows is rejected.""", '''
 domains = ["open", "verifiable", "open", "open"]
@@ -796,8 +796,8 @@ assert not exercise("ch06", 3).accepts(kept)  # not sorted'''),
 ])
 
 CH07 = Chapter("ch07_open_foundations", "ch07", "Chapter 7 · Open foundations", '''
-from mimo_kit.distill.qwen import qwen35_9b_parameters
-from mimo_kit.exercises import exercise''', [
+from mimo_kit.exercises import exercise
+from mimo_kit.model.qwen import qwen35_9b_parameters''', [
     Key(1, r"""
 Report §7: 77.4B tokens, 27.2B of them with loss. What share of the tokens carries loss? Give 3 decimals (checked
 to ±0.001).""", r"""

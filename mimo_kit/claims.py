@@ -69,7 +69,7 @@ def collect(directory: Path | str | None = None) -> list[Claim]:
     """Every claim record in the committed outputs of the chapter notebooks, in chapter order."""
     import nbformat
 
-    from mimo_kit.course import NOTEBOOK_DIR, notebooks
+    from mimo_kit.chapters import NOTEBOOK_DIR, notebooks
 
     out = []
     for path in notebooks(Path(directory) if directory else NOTEBOOK_DIR):

@@ -46,7 +46,7 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from mimo_kit.infra.dist import world_from_env
+    from mimo_kit.dist import world_from_env
     from mimo_kit.launch import DISTRIBUTED
 
     exp, cfg = _config(args)
@@ -124,10 +124,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    from mimo_kit.config import preset
+    from mimo_kit.model import MiMoConfig
     from mimo_kit.nb import markdown_table
 
-    print(markdown_table({name: preset(name).model.summary() for name in PRESET_NAMES}, index="preset"))
+    print(markdown_table({name: MiMoConfig.preset(name).summary() for name in PRESET_NAMES}, index="preset"))
     return 0
 
 
@@ -176,10 +176,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from mimo_kit.infra.plan import PlanConfig, describe_plan, plan_memory, plan_rows
     from mimo_kit.nb import markdown_table
 
-    cfg = PlanConfig.preset(args.preset, gpus_per_node=args.gpus_per_node, nodes=args.nodes, fsdp=args.fsdp,
-                            lora=args.lora, lora_rank=args.lora_rank, precision=args.precision,
-                            optimizer=args.optimizer, micro_batch=args.micro_batch, seq_len=args.seq_len,
-                            checkpointing=args.checkpointing, gpu_memory_gib=args.gpu_memory)
+    cfg = PlanConfig.preset(args.preset).override(args.overrides)
     plan = plan_memory(cfg)
     print(describe_plan(plan) + "\n")
     print(markdown_table(plan_rows(plan)))
@@ -203,8 +200,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rl_preset:  # the RL policy's shape; the trainer (engine_url=...) sends its weights before rolling out
-        from mimo_kit.rl.sft import build_policy
-        from mimo_kit.rl.trainer import RLConfig
+        from mimo_kit.train.sft import build_policy
+        from mimo_kit.train.trainer import RLConfig
 
         rl = RLConfig.preset(args.rl_preset)
         model = build_policy(rl.policy, rl.seed, vocab_size=rl.make_world().vocab_size)
@@ -276,21 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where the decks load reveal.js from: a URL or a folder relative to the deck")
     sl.set_defaults(fn=cmd_slides)
 
-    pl = sub.add_parser("plan", help="GPU memory per item of one training step: does it fit?")
-    pl.add_argument("--preset", default="flash", help="model: tiny, small, flash, pro or qwen3.5-9b (default flash)")
-    pl.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
-    pl.add_argument("--nodes", type=int, default=1, help="default 1; the world is gpus-per-node × nodes")
-    pl.add_argument("--fsdp", action="store_true", help="shard weights, gradients and optimiser state (FSDP)")
-    pl.add_argument("--lora", action="store_true", help="frozen base + LoRA adapters")
-    pl.add_argument("--lora-rank", type=int, default=16, help="LoRA rank r (default 16)")
-    pl.add_argument("--precision", default="bf16", help="bf16 (bf16 compute, fp32 master and optimiser state; "
-                    "the default) or fp32")
-    pl.add_argument("--optimizer", default="adamw", help="adamw (default) or muown (hidden matrices)")
-    pl.add_argument("--gpu-memory", type=float, default=141.0, help="GiB per GPU (default 141: an H200)")
-    pl.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU (default 1)")
-    pl.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (default 4096)")
-    pl.add_argument("--checkpointing", action=argparse.BooleanOptionalAction, default=True,
-                    help="activation checkpointing per decoder layer (default on)")
+    pl = sub.add_parser("plan", help="GPU memory per item of one training step: does it fit?",
+                        description="Overrides are PlanConfig fields, as for `run`: gpus_per_node=8 nodes=4 fsdp=true, "
+                        "lora=true lora_rank=16, precision=fp32, optimizer=muown, micro_batch=2 seq_len=8192, "
+                        "checkpointing=false, gpu_memory_gib=80.")
+    pl.add_argument("--preset", default="flash", help="the model: tiny, small, flash, pro, qwen3.5-9b (default flash)")
+    pl.add_argument("overrides", nargs="*", metavar="key=value")
     pl.set_defaults(fn=cmd_plan)
 
     sv = sub.add_parser("serve", help="the in-process engine behind SGLang's native HTTP API (/generate, ...)")

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import nbformat
 
-#: The chapter notebooks of a checkout of the kit.
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+from mimo_kit.chapters import NOTEBOOK_DIR, notebooks
+
 #: Each test's seconds in the last clean suite run (``make suite-table``): the chapters' quick-mode times.
 SUITE_DURATIONS = Path(__file__).resolve().parent.parent / "benchmarks" / "suite_durations.json"
 
@@ -61,11 +61,6 @@ def quick_seconds(durations: Path = SUITE_DURATIONS) -> dict[str, float]:
     known = json.loads(durations.read_text()) if durations.is_file() else {}
     test = re.compile(r"tests/test_notebooks\.py::test_notebook_executes_in_quick_mode\[(.+)\]")
     return {m.group(1): float(v["seconds"]) for k, v in known.items() if (m := test.fullmatch(k))}
-
-
-def notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The chapter notebooks, in chapter order (file names start ``chNN``)."""
-    return sorted(p for p in Path(directory).glob("*.ipynb") if not p.name.startswith("."))
 
 
 def execute(path: Path, *, quick: bool = True, preset: str = "tiny", timeout: int = 600,

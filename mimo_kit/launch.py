@@ -7,7 +7,7 @@ it, the same run three ways, all reading that one YAML:
 - ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint HOST:PORT
   --rdzv-id ID -m mimo_kit.cli run EXP --config run/config.yaml --out run``: every node runs this line; c10d
   rendezvous (no fixed node ranks) gathers N·P processes, and the loop reads ``RANK``/``WORLD_SIZE`` and shards
-  the model with FSDP2 (:mod:`mimo_kit.infra.dist`);
+  the model with FSDP2 (:mod:`mimo_kit.dist`);
 - ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
   rendezvous on the first node of the allocation;
 - ``ray_job.sh``: ``ray job submit`` of the same entrypoint to a Ray cluster (the head's dashboard address), the
@@ -165,7 +165,7 @@ def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int
     free local port; they find each other as separate nodes would. Returns the run's ``result.json`` (written by
     rank 0) with the folder; a failed process raises with its exit codes and the end of its output.
     """
-    from mimo_kit.infra.dist import free_port
+    from mimo_kit.dist import free_port
 
     prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder)
     port = free_port()

@@ -66,8 +66,8 @@ def test_any_source_edit_changes_every_address(cache_at, tmp_path, monkeypatch):
 def test_a_second_run_loads_the_warm_start_another_run_trained(cache_at, tmp_path, monkeypatch):
     """Two RL runs of one config in two folders: the second loads the first's SFT from the cache (no training)
     and starts from the same weights; a changed SFT config trains again."""
-    from mimo_kit.rl import trainer
-    from mimo_kit.rl.trainer import RLConfig, warm_start
+    from mimo_kit.train import trainer
+    from mimo_kit.train.trainer import RLConfig, warm_start
 
     cfg = RLConfig.preset("toy", sft={"steps": 3, "tasks": 40}, progress=False)
     world = cfg.make_world()

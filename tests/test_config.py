@@ -1,26 +1,44 @@
 import dataclasses
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mimo_kit.config import PRESET_NAMES, ConfigError, env_preset, preset, quick_mode
+from mimo_kit.config import PRESET_NAMES, ConfigError, env_preset, quick_mode
 from mimo_kit.config.base import Config, knob, parse_assignments
-from mimo_kit.config.kit import KitConfig
 from mimo_kit.model import MiMoConfig
+
+
+@dataclasses.dataclass
+class RunConfig(Config):
+    """A job config of the kit's usual shape (a nested model and run settings), for the config machinery's tests."""
+
+    model: MiMoConfig = dataclasses.field(default_factory=MiMoConfig)
+    seed: int = knob(0, "a fixed seed", min=0)
+    device: Literal["auto", "cpu", "cuda", "meta"] = knob("auto", "auto = cuda when available, else cpu")
+    dtype: Literal["float32", "bfloat16", "float16"] = knob("float32", "float32 on CPU")
+    quick: bool = knob(False, "a smoke-sized run")
+
+    PRESETS = {"tiny": {}, "small": {}, "flash": {"device": "meta", "dtype": "bfloat16"},
+               "pro": {"device": "meta", "dtype": "bfloat16"}}
+
+
+preset = RunConfig.preset
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
 def test_every_preset_builds_and_round_trips_through_yaml(name, tmp_path):
     cfg = preset(name)
-    assert isinstance(cfg, KitConfig) and isinstance(cfg.model, MiMoConfig)
+    assert isinstance(cfg.model, MiMoConfig) and cfg.model == MiMoConfig.preset(name)  # the nested preset
     path = tmp_path / "c.yaml"
     cfg.to_yaml(path)
-    assert KitConfig.from_yaml(path) == cfg
+    assert RunConfig.from_yaml(path) == cfg
+    assert MiMoConfig.from_yaml(MiMoConfig.preset(name).to_yaml()) == MiMoConfig.preset(name)
 
 
 def test_presets_grow_in_scale():
-    hidden = [preset(n).model.hidden_size for n in PRESET_NAMES]
+    hidden = [MiMoConfig.preset(n).hidden_size for n in PRESET_NAMES]
     assert hidden == sorted(hidden) and len(set(hidden)) == len(hidden)
     assert preset("flash").device == "meta" and preset("tiny").device != "meta"
 
@@ -64,14 +82,14 @@ def test_yaml_with_wrong_type_names_file_and_field(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("seed: 1\nmodel:\n  hidden_size: wide\n")
     with pytest.raises(ConfigError, match=r"bad.yaml: model.hidden_size: got 'wide', expected an integer"):
-        KitConfig.from_yaml(path)
+        RunConfig.from_yaml(path)
 
 
 def test_yaml_syntax_error_is_a_config_error(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("model: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
-        KitConfig.from_yaml(path)
+        RunConfig.from_yaml(path)
 
 
 def test_override_parses_yaml_scalars_and_keeps_the_rest():
@@ -94,19 +112,19 @@ def test_parse_assignments_rejects_missing_equals():
 def test_overrides_and_yaml_round_trip_property(hidden, seed, window, theta, quick, name):
     cfg = preset(name).override({"model.hidden_size": hidden, "seed": seed, "model.sliding_window": window,
                                  "model.rope_theta": theta, "quick": quick})
-    assert KitConfig.from_yaml(cfg.to_yaml()) == cfg
+    assert RunConfig.from_yaml(cfg.to_yaml()) == cfg
     assert cfg.model.hidden_size == hidden and cfg.model.sliding_window == window
 
 
 def test_every_model_field_says_why():
-    missing = [r["key"] for r in preset("tiny").describe() if not r["why"]]
+    missing = [r["key"] for r in MiMoConfig.preset("tiny").describe() if not r["why"]]
     assert missing == []
 
 
 def test_flash_layer_pattern_matches_transformers_rule():
-    types = preset("flash").model.layer_types
+    types = MiMoConfig.preset("flash").layer_types
     assert [i for i, t in enumerate(types) if t == "full_attention"] == [0, 5, 11, 17, 23, 29, 35, 41, 47]
-    assert preset("flash").model.rotary_dim == 64
+    assert MiMoConfig.preset("flash").rotary_dim == 64
 
 
 def test_env_variables(monkeypatch):
@@ -143,7 +161,7 @@ def test_nested_config_follows_parent_preset_only_when_supported():
 @pytest.mark.parametrize("text, value", [("1e-5", 1e-5), ("3E-4", 3e-4), (" 2.5 ", 2.5), ("1e3", 1000.0)])
 def test_a_float_knob_reads_exponent_strings(text, value):
     """YAML 1.1 reads ``1e-5`` (no dot) as a string; a float knob still takes it, from YAML and from key=value."""
-    from mimo_kit.rl.trainer import RLConfig
+    from mimo_kit.train.trainer import RLConfig
 
     assert RLConfig.from_dict({"lr": text}).lr == value
     assert RLConfig().override([f"lr={text.strip()}"]).lr == value
@@ -151,7 +169,7 @@ def test_a_float_knob_reads_exponent_strings(text, value):
 
 @pytest.mark.parametrize("text", ["fast", "nan", "inf", ""])
 def test_a_float_knob_refuses_other_strings(text):
-    from mimo_kit.rl.trainer import RLConfig
+    from mimo_kit.train.trainer import RLConfig
 
     with pytest.raises(ConfigError, match=r"lr: got .*expected a number"):
         RLConfig.from_dict({"lr": text})

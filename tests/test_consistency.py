@@ -2,7 +2,7 @@
 
 import pytest
 
-from mimo_kit.rl.consistency import ConsistencyConfig, consistency_rows, label, measure_consistency
+from mimo_kit.train.consistency import ConsistencyConfig, consistency_rows, label, measure_consistency
 
 
 def by_label(result) -> dict[str, dict]:
@@ -50,8 +50,8 @@ def test_without_mxfp4_the_engine_and_trainer_agree():
 
 def test_samples_without_routing_are_refused():
     from mimo_kit.infra.engine import InProcessEngine
-    from mimo_kit.rl.sft import PolicyConfig, build_policy
-    from mimo_kit.rl.toy.world import ToyWorld, play
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+    from mimo_kit.train.toy.world import ToyWorld, play
 
     world = ToyWorld()
     model = build_policy(PolicyConfig(), 0, vocab_size=world.vocab_size)

@@ -7,12 +7,12 @@ import torch
 
 from mimo_kit import cli
 from mimo_kit.config.base import ConfigError
-from mimo_kit.infra.dist import Dist, resolve_device, resolve_precision
+from mimo_kit.dist import Dist, resolve_device, resolve_precision
 from mimo_kit.launch import prepare, sbatch_script, torchrun_command
 from mimo_kit.pretrain import PretrainConfig, run_pretrain
 from mimo_kit.pretrain.loop import Trainer
-from mimo_kit.rl.trainer import RLConfig
 from mimo_kit.speculative.train import DrafterTrainConfig
+from mimo_kit.train.trainer import RLConfig
 
 
 def cfg(tmp_path, **kw) -> PretrainConfig:
@@ -61,7 +61,7 @@ def test_checkpointing_keeps_fewer_activations(tmp_path):
     x, y = next(t.loader)
 
     def saved_bytes(enabled: bool) -> int:
-        from mimo_kit.infra.dist import checkpointed_layers
+        from mimo_kit.dist import checkpointed_layers
 
         seen = {}
 

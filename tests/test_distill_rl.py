@@ -15,12 +15,12 @@ from mimo_kit.distill.sft import (
     tokenize_trace,
     trace_tokenizer,
 )
+from mimo_kit.harness.config import ScriptedPolicy, get_harness
 from mimo_kit.harness.episode import ChatTemplateTokenizer, PolicyEngine, harness_settings
-from mimo_kit.harness.loop import ScriptedPolicy, get_harness
 from mimo_kit.infra import rollout
-from mimo_kit.rl.toy import repo
-from mimo_kit.rl.trainer import RLConfig, run_rl
 from mimo_kit.rl.trajectory import flatten
+from mimo_kit.train.toy import repo
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 
 @pytest.fixture(autouse=True)
@@ -102,7 +102,7 @@ def test_run_rl_plays_and_trains_a_lora_student_end_to_end(tmp_path, student_dir
     the base weights stay frozen; metrics finite; the RL'd student saves as a plain transformers folder."""
     from transformers import AutoModelForCausalLM
 
-    from mimo_kit.rl.student import save_student
+    from mimo_kit.train.student import save_student
 
     cfg = _cfg(tmp_path, student_dir, student={"lora": True})
     r = run_rl(cfg)
@@ -127,8 +127,8 @@ def test_a_train_step_moves_a_student_toward_its_rewarded_rollouts(tmp_path, stu
     logprob of the rewarded sequences rises relative to the others (positive vs negative GRPO advantage)."""
     from mimo_kit.infra.engine import InProcessEngine
     from mimo_kit.rl.losses import EntropyClipController
-    from mimo_kit.rl.student import load_student
-    from mimo_kit.rl.trainer import build_rl_optimizer, policy_logprobs, train_step
+    from mimo_kit.train.student import load_student
+    from mimo_kit.train.trainer import build_rl_optimizer, policy_logprobs, train_step
 
     torch.manual_seed(0)
     cfg = _cfg(tmp_path, student_dir, lr=3e-3, student={"lora": lora}, loss_agg="token-mean")
@@ -182,7 +182,7 @@ def test_the_distill_rl_presets_keep_the_student_recipe():
 
 
 def test_lora_targets_the_student_lacks_are_named(student_dir):
-    from mimo_kit.rl.student import StudentConfig, load_student
+    from mimo_kit.train.student import StudentConfig, load_student
 
     with pytest.raises(ConfigError, match=r"StudentConfig.lora_targets: none of \['no_proj'\].*it has e.g."):
         load_student(StudentConfig(model=str(student_dir), lora=True, lora_targets=("no_proj",)))

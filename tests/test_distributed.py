@@ -16,7 +16,7 @@ import torch
 
 from mimo_kit.launch import launch
 from mimo_kit.pretrain import PretrainConfig, latest_checkpoint, run_pretrain
-from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

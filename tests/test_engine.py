@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from mimo_kit.dist import free_port
 from mimo_kit.infra import GenerationRequest, InProcessEngine, RolloutEngine, resume_request, teacher_forced_logprobs
-from mimo_kit.infra.dist import free_port
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 
 V = 40

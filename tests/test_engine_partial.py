@@ -7,9 +7,9 @@ import pytest
 from mimo_kit.infra import InProcessEngine
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
-from mimo_kit.rl.sft import PolicyConfig, build_policy
-from mimo_kit.rl.toy.world import episodes, make_tasks, rollout_settings
 from mimo_kit.rl.trajectory import Segment
+from mimo_kit.train.sft import PolicyConfig, build_policy
+from mimo_kit.train.toy.world import episodes, make_tasks, rollout_settings
 
 SETTINGS = rollout_settings(max_turns=6)
 

@@ -15,9 +15,10 @@ from mimo_kit.envs.general import (
     shipped_general_tasks,
     shop_tools,
 )
-from mimo_kit.envs.hacks import GENERAL_STRATEGIES, run_general_strategy
+from mimo_kit.envs.hack_strategies import GENERAL_STRATEGIES
 from mimo_kit.harness import ScriptedPolicy, error_segments, render_call, run_episode
 from mimo_kit.harness.envs import GeneralEnv
+from mimo_kit.harness.hack_suite import run_general_strategy
 
 TASKS = shipped_general_tasks()
 BY_ID = {t.id: t for t in TASKS}

@@ -6,16 +6,10 @@ import dataclasses
 import pytest
 
 from mimo_kit.envs.code import shipped_tasks
-from mimo_kit.envs.hacks import (
-    STRATEGIES,
-    audit_diff,
-    audited_reward,
-    bypass_table,
-    detect_hacks,
-    run_hack_suite,
-    run_strategy,
-)
+from mimo_kit.envs.hack_strategies import STRATEGIES
+from mimo_kit.envs.hacks import audit_diff, audited_reward, detect_hacks
 from mimo_kit.envs.isolation import capabilities
+from mimo_kit.harness.hack_suite import bypass_table, run_hack_suite, run_strategy
 
 TASKS = shipped_tasks()
 #: One task per kind of hidden test: plain function calls (the hard-coding attacks' best case), objects and
@@ -53,10 +47,10 @@ def test_every_hack_scores_zero_and_leaves_the_host_untouched(name):
 
 
 def test_a_strategy_is_not_run_where_the_layer_that_stops_it_is_missing(monkeypatch):
-    from mimo_kit.envs import hacks
+    from mimo_kit.harness import hack_suite
 
     fake = dataclasses.replace(capabilities(), cgroup=0)
-    monkeypatch.setattr(hacks, "capabilities", lambda: fake)
+    monkeypatch.setattr(hack_suite, "capabilities", lambda: fake)
     r = run_strategy(SUITE_TASKS[0], "resource-bombs", cleaned=True)
     assert r.skipped.startswith("not run: this machine lacks cgroup") and r.outputs == [] and r.flags == []
     assert bypass_table([r])[0]["not run (layer missing)"] == 1

@@ -19,8 +19,8 @@ from mimo_kit.envs.patches import (
     tree_diff,
     tree_files,
 )
+from mimo_kit.envs.tools import ToolRegistry, bash_tool
 from mimo_kit.harness.envs import CodeEnv
-from mimo_kit.harness.tools import ToolRegistry, bash_tool
 
 TASKS = shipped_tasks()
 TASK = next(t for t in TASKS if t.id == "stats-median")
@@ -146,8 +146,8 @@ def test_other_graders_never_read_or_write_through_a_link(canary):
     import sqlite3
 
     from mimo_kit.envs import cyber, general, visual
+    from mimo_kit.envs.tools import ToolError
     from mimo_kit.harness.envs import CyberEnv, GeneralEnv, VisualEnv
-    from mimo_kit.harness.tools import ToolError
 
     def bash(env, cmd):
         return ToolRegistry([bash_tool(env.workspace, 20.0)]).call("bash", {"command": cmd})

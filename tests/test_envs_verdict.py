@@ -8,8 +8,8 @@ control with the real fix (and the same noise) must pass, so these tests can fai
 import pytest
 
 from mimo_kit.envs.code import CodeEnvConfig, grade_patch, shipped_tasks, write_task
+from mimo_kit.envs.tools import ToolRegistry, bash_tool
 from mimo_kit.harness.envs import CodeEnv
-from mimo_kit.harness.tools import ToolRegistry, bash_tool
 
 TASK = next(t for t in shipped_tasks() if t.id == "stats-median")
 FIX = ("python3 - <<'X'\np = 'stats/__init__.py'\ns = open(p).read()\nopen(p, 'w').write(s.replace("

@@ -17,8 +17,8 @@ from mimo_kit.harness import (
     render_call,
     run_episode,
 )
+from mimo_kit.harness.config import manage_context, truncate
 from mimo_kit.harness.envs import CodeEnv, CyberEnv
-from mimo_kit.harness.loop import manage_context, truncate
 from mimo_kit.rl import load_jsonl, save_jsonl
 
 TASK = next(t for t in shipped_tasks() if t.id == "stats-median")
@@ -157,8 +157,8 @@ def test_a_model_acts_in_the_harness_through_the_rollout_driver(tmp_path):
     from mimo_kit.infra import InProcessEngine
     from mimo_kit.infra.rollout import play
     from mimo_kit.model import MiMoConfig, MiMoForCausalLM
-    from mimo_kit.rl.trainer import policy_logprobs
     from mimo_kit.rl.trajectory import flatten
+    from mimo_kit.train.trainer import policy_logprobs
 
     torch.manual_seed(0)
     tok = ByteTokenizer()

@@ -96,8 +96,8 @@ def test_pure_rl_maths_imports_nothing_from_infra_envs_or_the_toy_world():
     g = graph()
     for name in ("mimo_kit.rl", *(f"mimo_kit.rl.{m}" for m in PURE_RL)):
         bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.infra", "mimo_kit.envs",
-                                                                   "mimo_kit.harness", "mimo_kit.rl.toy",
-                                                                   "mimo_kit.rl.trainer", "mimo_kit.rl.sft")))
+                                                                   "mimo_kit.harness", "mimo_kit.train.toy",
+                                                                   "mimo_kit.train.trainer", "mimo_kit.train.sft")))
         assert not bad, (name, bad)
 
 
@@ -106,6 +106,6 @@ def test_infra_imports_nothing_from_the_toy_world_or_the_trainer():
     infra = [m for m in g if m.startswith("mimo_kit.infra")]
     assert "mimo_kit.infra.rollout" in infra
     for name in infra:
-        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.rl.toy", "mimo_kit.rl.trainer",
-                                                                   "mimo_kit.rl.experiments")))
+        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.train.toy", "mimo_kit.train.trainer",
+                                                                   "mimo_kit.train.experiments")))
         assert not bad, (name, bad)

@@ -6,8 +6,8 @@ import pytest
 from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
-from mimo_kit.rl.sft import SFTConfig
-from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.train.sft import SFTConfig
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -44,7 +44,7 @@ def test_rl_with_the_mixer_draws_per_source_and_records_counts(tmp_path, sft_fil
 
 def interrupted(cfg, monkeypatch, after: int):
     """Run ``cfg`` until ``after`` training steps are done, then fail the next one (a crash between checkpoints)."""
-    import mimo_kit.rl.trainer as trainer
+    import mimo_kit.train.trainer as trainer
 
     real, calls = trainer.train_step, []
 

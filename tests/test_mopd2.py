@@ -23,7 +23,9 @@ import torch
 from mimo_kit.config.base import ConfigError
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.rl.aggregation import aggregate_loss
-from mimo_kit.rl.mopd import (
+from mimo_kit.rl.opd import opd_loss, reverse_kl_exact, route_teachers
+from mimo_kit.rl.trajectory import flatten
+from mimo_kit.train.mopd import (
     ROUTES,
     MOPDConfig,
     PolicyTeacher,
@@ -35,11 +37,9 @@ from mimo_kit.rl.mopd import (
     task_domain,
     train_mopd,
 )
-from mimo_kit.rl.opd import opd_loss, reverse_kl_exact, route_teachers
-from mimo_kit.rl.sft import SFTConfig
-from mimo_kit.rl.toy.world import TOKENIZER, make_tasks
-from mimo_kit.rl.trainer import torch_threads
-from mimo_kit.rl.trajectory import flatten
+from mimo_kit.train.sft import SFTConfig
+from mimo_kit.train.toy.world import TOKENIZER, make_tasks
+from mimo_kit.train.trainer import torch_threads
 
 gkd = pytest.importorskip("trl.experimental.gkd.gkd_trainer")
 GKDTrainer = gkd.GKDTrainer

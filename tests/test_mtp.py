@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM, load_checkpoint
-from mimo_kit.model.hf import load_mtp, mtp_to_hub, to_hf
+from mimo_kit.model.hf import to_hf
 from mimo_kit.speculative import MTPConfig, MTPDrafter
+from mimo_kit.speculative.mtp import load_mtp, mtp_to_hub
 from mimo_kit.speculative.train import MTPTrainConfig, mtp_loss, train_mtp
 
 

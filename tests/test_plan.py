@@ -29,6 +29,7 @@ from mimo_kit.infra.plan import (
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.params import count_parameters
+from mimo_kit.optim.lora import LORA_RANK
 
 BAND = (0.95, 1.05)
 
@@ -181,23 +182,27 @@ def test_every_plan_knob_says_why():
 
 # ---- the command ---------------------------------------------------------------------------------------------
 def test_cli_prints_the_table(capsys):
-    assert main(["plan", "--preset", "flash", "--gpus-per-node", "8", "--nodes", "4", "--fsdp"]) == 0
+    assert main(["plan", "--preset", "flash", "gpus_per_node=8", "nodes=4", "fsdp=true"]) == 0
     out = capsys.readouterr().out
     assert "| item | GiB per GPU | how |" in out and "FSDP unsharded unit" in out and "FIT" in out
-    assert main(["plan", "--preset", "small", "--gpus-per-node", "1", "--micro-batch", "2", "--seq-len", "512",
-                 "--no-checkpointing", "--gpu-memory", "80"]) == 0
+    assert main(["plan", "--preset", "small", "gpus_per_node=1", "micro_batch=2", "seq_len=512",
+                 "checkpointing=false", "gpu_memory_gib=80"]) == 0
     out = capsys.readouterr().out
     assert "**FITS** in 80 GiB" in out and "checkpointing off" in out
-    assert main(["plan", "--preset", "qwen3.5-9b", "--lora"]) == 0
-    assert "LoRA r=16" in capsys.readouterr().out
+    assert main(["plan", "--preset", "qwen3.5-9b", "lora=true"]) == 0
+    assert f"LoRA r={LORA_RANK}" in capsys.readouterr().out  # the rank the kit trains with
+    assert main(["plan", "--preset", "qwen3.5-9b", "lora=true", "lora_rank=32"]) == 0
+    assert "LoRA r=32" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, named", [
     (["--preset", "flash-9000"], "'flash-9000'"),
-    (["--nodes", "0"], "nodes: got 0"),
-    (["--fsdp", "--lora"], "fsdp=True and lora=True"),
-    (["--micro-batch", "-1"], "micro_batch: got -1"),
-    (["--precision", "fp16"], "'fp16'"),
+    (["nodes=0"], "nodes: got 0"),
+    (["fsdp=true", "lora=true"], "fsdp=True and lora=True"),
+    (["micro_batch=-1"], "micro_batch: got -1"),
+    (["precision=fp16"], "'fp16'"),
+    (["gpu_memory=80"], "did you mean 'gpu_memory_gib'"),
+    (["nodes"], "not of the form key=value"),
 ])
 def test_cli_bad_input_is_a_clear_error(capsys, argv, named):
     assert main(["plan", *argv]) == 2
@@ -212,8 +217,8 @@ def test_gib_is_two_to_the_thirty():
 @pytest.mark.slow
 def test_the_qwen_inventory_is_built_once_and_then_read_from_the_cache(tmp_path, monkeypatch):
     """Building Qwen3.5-9B on the meta device takes seconds; a second process reads the same inventory."""
-    from mimo_kit.distill import qwen
     from mimo_kit.infra import plan
+    from mimo_kit.model import qwen
 
     monkeypatch.setenv("MIMO_KIT_CACHE", str(tmp_path))
     plan._named_shape.cache_clear()

@@ -17,9 +17,9 @@ from mimo_kit.infra.pool import (
     stop_local_head,
 )
 from mimo_kit.infra.porter import LocalStore, Porter, RayStore, ray_rollout_worker
-from mimo_kit.rl.toy.pooled import RepoBuild, SeededToyEngine, ToyBuild
-from mimo_kit.rl.toy.world import episodes, make_tasks, rollout_settings
 from mimo_kit.rl.trajectory import flatten
+from mimo_kit.train.toy.pooled import RepoBuild, SeededToyEngine, ToyBuild
+from mimo_kit.train.toy.world import episodes, make_tasks, rollout_settings
 
 SETTINGS = rollout_settings(max_turns=6, return_routed_experts=True, return_candidates=True)
 
@@ -74,7 +74,7 @@ def test_per_tenant_state_does_not_leak():
     t = make_tasks(1, 9)[0]
     pool = HarnessPool(1)
     a, b = pool.open([TenantSpec("g/0", ToyBuild(t)), TenantSpec("g/1", ToyBuild(t))])
-    from mimo_kit.rl.toy.world import TOKENIZER
+    from mimo_kit.train.toy.world import TOKENIZER
 
     edit = f"E{t.bug_line}{t.reference[t.bug_line - 1]}\n"
     pool.act_many([(a, TOKENIZER.encode(edit), "stop"), (b, TOKENIZER.encode("R\n"), "stop")])
@@ -162,9 +162,9 @@ def test_ray_actor_per_rollout_matches(ray_head):
 def test_ray_pool_runs_repo_world_episodes(ray_head, tmp_path):
     import random
 
+    from mimo_kit.harness.config import ScriptedPolicy, get_harness
     from mimo_kit.harness.episode import ByteTokenizer, PolicyEngine
-    from mimo_kit.harness.loop import ScriptedPolicy, get_harness
-    from mimo_kit.rl.toy import repo
+    from mimo_kit.train.toy import repo
 
     task = repo.make_repo_tasks(1, 0)[0]
     h = get_harness("mini-bash")

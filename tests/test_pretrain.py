@@ -101,22 +101,18 @@ STUDY = {"steps": 6, "batch": 2, "seq_len": 32, "eval_every": 3, "corpus_bytes":
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_mean_sd_pm_and_agreement_match_the_definitions(seed):
+def test_pm_and_agreement_match_the_definitions(seed):
     import random
     import statistics
 
-    from mimo_kit.pretrain.studies import agreement, mean_sd, pm
+    from mimo_kit.pretrain.studies import agreement, pm
 
     rng = random.Random(seed)
     xs = [rng.gauss(4.0, 0.3) for _ in range(rng.randint(2, 7))]
-    m, s = mean_sd(xs)
-    assert m == pytest.approx(statistics.fmean(xs)) and s == pytest.approx(statistics.stdev(xs))
     assert pm(xs) == f"{statistics.fmean(xs):.3f} ± {statistics.stdev(xs):.3f}"
-    assert mean_sd([2.5]) == (2.5, 0.0)
+    assert pm([2.5], 2) == "2.50 ± 0.00" and pm([]) == "n/a"
     flags = [rng.random() < 0.5 for _ in xs]
     assert agreement(flags) == f"{sum(flags)} of {len(xs)}"
-    with pytest.raises(ValueError, match="no values"):
-        mean_sd([])
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -157,7 +153,8 @@ def test_seed_configs_and_bad_knobs_name_the_value():
 def test_compare_reports_every_seed_and_its_spread():
     import numpy as np
 
-    from mimo_kit.pretrain.studies import CompareConfig, compare_optimizers, mean_sd, pm
+    from mimo_kit.pretrain.studies import CompareConfig, compare_optimizers, pm
+    from mimo_kit.spread import spread
 
     cfg = CompareConfig.preset("tiny", pretrain=STUDY, optimizers=("adamw", "muown"), warmup_steps_excluded=2)
     r = compare_optimizers(cfg, progress=False)
@@ -167,7 +164,7 @@ def test_compare_reports_every_seed_and_its_spread():
     for k, s in r["summary"].items():
         row = next(x for x in r["rows"] if x["optimizer"] == k)
         assert row["val loss @ equal steps"] == pm(s["val_loss"])
-        assert mean_sd(s["val_loss"])[1] > 0
+        assert spread(s["val_loss"])["sd"] > 0
         for log, ms in zip(r["logs"][k], s["ms_per_step"]):  # time per step from the end of step 2
             assert ms == pytest.approx(1000 * (log["seconds"][-1] - log["seconds"][1]) / 4)
             assert log["val_loss"][-1] in s["val_loss"]

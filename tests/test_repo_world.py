@@ -7,11 +7,11 @@ import pytest
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.envs import code as code_env
+from mimo_kit.harness.config import HARNESSES
 from mimo_kit.harness.episode import ByteTokenizer
-from mimo_kit.harness.loop import HARNESSES
 from mimo_kit.rl import load_jsonl
-from mimo_kit.rl.toy import repo
 from mimo_kit.rl.trajectory import save_jsonl
+from mimo_kit.train.toy import repo
 
 ALL = repo.TRAIN_HARNESSES + repo.EVAL_HARNESSES
 
@@ -103,7 +103,7 @@ def test_config_rejects_unknown_families_and_harnesses_that_cannot_edit():
     with pytest.raises(ConfigError, match="nope"):
         repo.RepoWorldConfig(eval_harnesses=("nope",)).check()
     assert "fenced-editor" in HARNESSES and HARNESSES["fenced-editor"].split == "train"
-    from mimo_kit.rl.trainer import RLConfig
+    from mimo_kit.train.trainer import RLConfig
 
     with pytest.raises(ConfigError, match="staleness"):
         RLConfig(staleness=2)  # live sandboxed workspaces cannot be checkpointed
@@ -116,8 +116,8 @@ def test_act_workers_give_the_same_rollouts_as_one_thread():
     import dataclasses
 
     from mimo_kit.infra import InProcessEngine, rollout
-    from mimo_kit.rl.sft import PolicyConfig, build_policy
-    from mimo_kit.rl.toy import world
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+    from mimo_kit.train.toy import world
 
     model = build_policy(PolicyConfig(hidden_size=32), 0)
     settings = world.rollout_settings(1.0, 6)
@@ -133,8 +133,8 @@ def test_rollouts_end_at_the_models_context():
     import dataclasses
 
     from mimo_kit.infra import InProcessEngine, rollout
-    from mimo_kit.rl.sft import PolicyConfig, build_policy
-    from mimo_kit.rl.toy import world
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+    from mimo_kit.train.toy import world
 
     model = build_policy(PolicyConfig(hidden_size=32), 0)
     settings = dataclasses.replace(world.rollout_settings(1.0, 50), max_context=40)
@@ -151,7 +151,7 @@ def test_rollouts_end_at_the_models_context():
 def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
     """A miniature repo-world run end to end: SFT on expert traces, one RL step through the harnesses, held-out
     evaluation in all 7; the step's groups load with rl.load_jsonl and carry the harness's recorded errors."""
-    from mimo_kit.rl.trainer import RLConfig, run_rl
+    from mimo_kit.train.trainer import RLConfig, run_rl
 
     cfg = RLConfig().override({"out_dir": str(tmp_path), "steps": 1, "prompts": 2, "group_size": 2,
                                "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 1, "eval_samples": 1,

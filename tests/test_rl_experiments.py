@@ -1,4 +1,4 @@
-"""Chapter 5a's comparisons over seeds (mimo_kit.rl.experiments): seeds knob, statistics, a tiny two-seed run."""
+"""Chapter 5a's comparisons over seeds (mimo_kit.train.experiments): seeds knob, statistics, a tiny two-seed run."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from mimo_kit import viz
 from mimo_kit.config.base import ConfigError
-from mimo_kit.rl import experiments as ex
+from mimo_kit.train import experiments as ex
 
 # ---- the seeds knob --------------------------------------------------------------------------------------------
 

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from mimo_kit.config.base import ConfigError
-from mimo_kit.infra.dist import free_port
+from mimo_kit.dist import free_port
 from mimo_kit.infra.sglang import SGLangEngine
-from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 pytestmark = pytest.mark.slow
 

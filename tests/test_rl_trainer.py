@@ -14,8 +14,8 @@ import torch
 from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
-from mimo_kit.rl.sft import SFTConfig
-from mimo_kit.rl.trainer import RLConfig, run_rl
+from mimo_kit.train.sft import SFTConfig
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -63,8 +63,8 @@ def test_grs_length_and_segment_penalties_run(tmp_path, sft_file):
 
 def test_toy_rubric_and_rewards():
     from mimo_kit.infra.rollout import Rollout, grade, group_sample
-    from mimo_kit.rl.toy.world import ToyEpisode, make_tasks
-    from mimo_kit.rl.trainer import group_advantages
+    from mimo_kit.train.toy.world import ToyEpisode, make_tasks
+    from mimo_kit.train.trainer import group_advantages
 
     t = make_tasks(1, 5)[0]
     fix = f"E{t.bug_line}{t.reference[t.bug_line - 1]}"
@@ -132,7 +132,8 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
     ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8))
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
-    code = ("from mimo_kit.rl.trainer import RLConfig, run_rl; from mimo_kit.rl.sft import SFTConfig; import sys; "
+    code = ("from mimo_kit.train.trainer import RLConfig, run_rl; from mimo_kit.train.sft import SFTConfig; "
+            "import sys; "
             f"run_rl(RLConfig.preset('toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
             "sft=SFTConfig(steps=150).to_dict()))")
@@ -196,8 +197,8 @@ def test_every_rl_maths_constant_is_an_override_of_the_run(tmp_path, sft_file, c
 
 def _played(sft_file, n_tasks=4, group=4, **kw):
     from mimo_kit.infra import InProcessEngine
-    from mimo_kit.rl.sft import PolicyConfig, build_policy
-    from mimo_kit.rl.toy.world import make_tasks, play
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+    from mimo_kit.train.toy.world import make_tasks, play
 
     model = build_policy(PolicyConfig(), 0)
     model.load_state_dict(torch.load(sft_file, weights_only=False)["model"])
@@ -208,9 +209,9 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     """A sequence whose history was rewritten has two contexts (two rows); both carry its advantage."""
     import copy
 
-    from mimo_kit.rl import trainer
     from mimo_kit.rl.losses import EntropyClipController
     from mimo_kit.rl.trajectory import Context, Segment
+    from mimo_kit.train import trainer
 
     model, samples = _played(sft_file)
     cfg = RLConfig.preset("toy", dynamic_sampling=False)
@@ -246,7 +247,7 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
 
 
 def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft_file):
-    from mimo_kit.rl.trainer import penalty_module
+    from mimo_kit.train.trainer import penalty_module
 
     _, samples = _played(sft_file, n_tasks=2)
     victim = samples[0].sequences[1]
@@ -277,8 +278,8 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_pa
 
 
 def test_topp_replay_renormalises_over_the_recorded_set(sft_file):
-    from mimo_kit.rl.trainer import policy_logprobs
     from mimo_kit.rl.trajectory import flatten
+    from mimo_kit.train.trainer import policy_logprobs
 
     model, samples = _played(sft_file, n_tasks=2, top_p=0.7, return_candidates=True)
     batch = flatten(samples)

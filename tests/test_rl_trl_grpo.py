@@ -1,9 +1,9 @@
-"""KitGRPOTrainer (mimo_kit/rl/trl_grpo.py) equals the kit trainer on the same batch, through TRL's own code.
+"""KitGRPOTrainer (mimo_kit/train/trl_grpo.py) equals the kit trainer on the same batch, through TRL's own code.
 
 One fixed, seeded batch (prompts and completions as token ids, rewards, groups of ``G``, error masks, lengths, GAR
 verdicts) goes two ways:
 
-(a) the kit trainer's composition, as ``mimo_kit/rl/trainer.py::group_advantages / train_step / ppo_update`` do it:
+(a) the kit trainer's composition, as ``mimo_kit/train/trainer.py::group_advantages / train_step / ppo_update`` do it:
     ``sequence_advantages`` per group → every row its sequence's advantage → ``token_advantages`` (segment penalty)
     on the full prompt+completion rows, shifted by one → ``policy_logprobs`` → ``ppo_clip_loss`` →
     ``aggregate_loss`` with ``token_weights`` of the whole batch;
@@ -36,8 +36,8 @@ from mimo_kit.rl import (  # noqa: E402
     token_advantages,
     token_weights,
 )
-from mimo_kit.rl.trainer import policy_logprobs  # noqa: E402
-from mimo_kit.rl.trl_grpo import KitGRPOConfig, KitGRPOTrainer, loss_scale  # noqa: E402
+from mimo_kit.train.trainer import policy_logprobs  # noqa: E402
+from mimo_kit.train.trl_grpo import KitGRPOConfig, KitGRPOTrainer, loss_scale  # noqa: E402
 
 torch.set_num_threads(1)
 

@@ -1,4 +1,4 @@
-"""The toy agentic world (mimo_kit.rl.toy.world): tasks, actions, scripted expert, token-in/token-out episodes."""
+"""The toy agentic world (mimo_kit.train.toy.world): tasks, actions, scripted expert, token-in/token-out episodes."""
 
 import random
 
@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from mimo_kit.infra import GenerationOutput
 from mimo_kit.rl.advantages import gar_advantages, grpo_advantages
-from mimo_kit.rl.toy.world import (
+from mimo_kit.rl.trajectory import flatten, unflatten
+from mimo_kit.train.toy.world import (
     TOKENIZER,
     ToyEpisode,
     equivalent,
@@ -20,7 +21,6 @@ from mimo_kit.rl.toy.world import (
     play,
     run_program,
 )
-from mimo_kit.rl.trajectory import flatten, unflatten
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one torch thread (conftest)
 
@@ -126,7 +126,7 @@ def test_the_trainer_composes_advantages_in_the_one_stated_order():
     """trainer.group_advantages with GAR and the length penalty on a played group equals
     compose.sequence_advantages called by hand on the same outcomes, lengths and verdict."""
     from mimo_kit.rl.compose import sequence_advantages
-    from mimo_kit.rl.trainer import RLConfig, group_advantages
+    from mimo_kit.train.trainer import RLConfig, group_advantages
 
     t = make_tasks(1, 5)[0]
     rng = random.Random(1)

@@ -1,29 +1,18 @@
-"""Configs, presets and overrides (see :mod:`mimo_kit.config.base`).
+"""Configs, presets and overrides (see :mod:`mimo_kit.config.base`). The bottom layer of the kit: it imports no other
+part of it. Each config class carries its presets (``MiMoConfig.preset("flash")``, ``PretrainConfig.preset("tiny")``).
 
->>> from mimo_kit.config import preset
->>> preset("tiny").model.hidden_size
-64
+>>> from mimo_kit.config import PRESET_NAMES
+>>> PRESET_NAMES
+('tiny', 'small', 'flash', 'pro')
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
 
 from mimo_kit.config.base import PRESET_NAMES, Config, ConfigError, knob, parse_assignments
 
-if TYPE_CHECKING:
-    from mimo_kit.config.kit import KitConfig
-
-__all__ = ["PRESET_NAMES", "Config", "ConfigError", "knob", "parse_assignments", "preset", "env_preset",
-           "quick_mode"]
-
-
-def preset(name: str = "tiny", **overrides: Any) -> KitConfig:
-    """The kit config (model shape + run settings) of preset ``tiny`` | ``small`` | ``flash`` | ``pro``."""
-    from mimo_kit.config.kit import KitConfig
-
-    return KitConfig.preset(name, **overrides)
+__all__ = ["PRESET_NAMES", "Config", "ConfigError", "knob", "parse_assignments", "env_preset", "quick_mode"]
 
 
 def env_preset(default: str = "tiny") -> str:

@@ -2,7 +2,7 @@
 
 Every experiment of the kit is *config + function*: a notebook cell builds ``XConfig.preset("tiny")``, a shell
 runs ``mimo-kit run x --preset tiny key=value``, and the same config gives the ``torchrun`` command line
-(:mod:`mimo_kit.launch`; FSDP2 under torchrun in :mod:`mimo_kit.infra.dist`). The config is the single place
+(:mod:`mimo_kit.launch`; FSDP2 under torchrun in :mod:`mimo_kit.dist`). The config is the single place
 where scale lives, so it is strict:
 
 - an unknown key names itself and lists the valid keys;

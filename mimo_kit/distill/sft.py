@@ -40,11 +40,12 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.distill.traces import DOMAINS, TraceError, load_traces
+from mimo_kit.optim.lora import LORA_ALPHA, LORA_RANK, LORA_TARGETS
 
 TINY = "tiny-qwen3.5"
 
 #: The tiny student: Qwen3.5's layout (3 Gated DeltaNet layers then 1 gated full-attention layer, SwiGLU FFN,
-#: untied head) at CPU-second dims; the 9B values are :data:`mimo_kit.distill.qwen.QWEN35_9B`.
+#: untied head) at CPU-second dims; the 9B values are :data:`mimo_kit.model.qwen.QWEN35_9B`.
 TINY_QWEN35: dict[str, Any] = {
     "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
     "num_key_value_heads": 2, "head_dim": 16, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
@@ -74,11 +75,9 @@ class DistillSFTConfig(Config):
     vocab_size: int = knob(512, "entries of the locally trained BPE (tiny model or a folder without tokenizer)",
                            min=266)
     lora: bool = knob(False, "freeze the base and train PEFT LoRA adapters (merged into the saved model)")
-    lora_rank: int = knob(8, "adapter rank r: small, the toy model's hidden size is 64", min=1)
-    lora_alpha: int = knob(16, "LoRA scale alpha = 2r, the common setting", min=1)
-    lora_targets: tuple[str, ...] = knob(
-        ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"),
-        "the projections of both Qwen3.5 layer kinds (full attention, Gated DeltaNet), as the memory planner")
+    lora_rank: int = knob(LORA_RANK, "adapter rank r (mimo_kit.optim.lora: one setting for every LoRA)", min=1)
+    lora_alpha: int = knob(LORA_ALPHA, "LoRA scale alpha = 2r, the common setting", min=1)
+    lora_targets: tuple[str, ...] = knob(LORA_TARGETS, "both Qwen3.5 layer kinds' projections (mimo_kit.optim.lora)")
     bf16: bool = knob(False, "bf16 compute (GPU runs: Report §3's precision); the CPU toy run is fp32")
     render_tool_calls: bool = knob(False, "also render each turn's parsed tool_calls as <tool_call> blocks; off: the "
                                    "content already spells the action in its harness's format, and the student "
@@ -269,7 +268,7 @@ def build_trainer(cfg: DistillSFTConfig, traces: list[dict], out: Path | None = 
     model, tok = load_student(cfg, traces)
     peft_config = None
     if cfg.lora:
-        from mimo_kit.rl.student import lora_config
+        from mimo_kit.optim.lora import lora_config
 
         peft_config = lora_config(model, cfg.lora_rank, cfg.lora_alpha, cfg.lora_targets, "DistillSFTConfig")
     return SFTTrainer(model=model, args=_sft_args(cfg, out), train_dataset=build_dataset(traces, cfg.render_tool_calls),

@@ -27,7 +27,7 @@ harness episode (:class:`mimo_kit.harness.HarnessEpisode`: the harness's system 
 format, its tools on a sandboxed workspace), and the episode is graded by the environment; ``meta`` keeps the
 reward and whether it passed.
 
-- **code**: the repo world's scripted expert (:func:`mimo_kit.rl.toy.repo.expert_replies`, clean / check styles)
+- **code**: the repo world's scripted expert (:func:`mimo_kit.train.toy.repo.expert_replies`, clean / check styles)
   in the 4 training harnesses, round robin: view or cat, edit with str_replace or sed, optionally run the
   function, submit; its patch passes the task's hidden F2P / P2P tests.
 - **cyber**: the reference solution of :mod:`mimo_kit.envs.cyber` (each target's gold PoC) in mini-bash, swe-tools
@@ -206,7 +206,7 @@ def domain_counts(traces: Iterable[Trace | dict]) -> dict[str, int]:
 
 # ---- teachers -----------------------------------------------------------------------------------------------------
 TEACHERS = {
-    "code": "scripted expert of mimo_kit.rl.toy.repo (repo world, {style} style)",
+    "code": "scripted expert of mimo_kit.train.toy.repo (repo world, {style} style)",
     "cyber": "reference solution of mimo_kit.envs.cyber (the target's gold PoC), scripted read/write/submit",
     "general": "reference solution of mimo_kit.envs.general (the task's gold actions), scripted inspect/act/submit",
     "visual": "reference program of mimo_kit.envs.visual (the task's hidden reference), scripted read/write/submit",
@@ -260,10 +260,10 @@ def _pick(combos: list[tuple], n: int, seed: int) -> list[tuple]:
 def _code_traces(n: int, seed: int, mix: tuple[float, float, float]) -> list[Trace]:
     import random
 
+    from mimo_kit.harness.config import get_harness
     from mimo_kit.harness.envs import CodeEnv
     from mimo_kit.harness.formats import get_format
-    from mimo_kit.harness.loop import get_harness
-    from mimo_kit.rl.toy import repo
+    from mimo_kit.train.toy import repo
 
     rng = random.Random(seed)
     out = []
@@ -284,7 +284,7 @@ def _code_traces(n: int, seed: int, mix: tuple[float, float, float]) -> list[Tra
 
 def _cyber_combos() -> list[tuple]:
     from mimo_kit.envs.cyber import shipped_targets
-    from mimo_kit.harness.loop import get_harness
+    from mimo_kit.harness.config import get_harness
 
     return [(t.id, h, read, write, check) for t in shipped_targets() for h in CYBER_HARNESSES
             for read in (("cat", "view") if "view" in get_harness(h).tools else ("cat",))
@@ -357,7 +357,7 @@ def _general_traces(n: int, seed: int) -> list[Trace]:
 
 def _visual_combos() -> list[tuple]:
     from mimo_kit.envs.visual import shipped_visual_tasks
-    from mimo_kit.harness.loop import get_harness
+    from mimo_kit.harness.config import get_harness
 
     return [(t.id, h, read, write) for t in shipped_visual_tasks() if t.kind == "replicate" or t.id in OPEN_DRAWINGS
             for h in VISUAL_HARNESSES

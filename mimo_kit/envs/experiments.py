@@ -1,7 +1,7 @@
-"""Chapter 4b experiments: task validation, the hack suite, the grading benchmark (Report §4.2–4.3).
+"""Chapter 4b experiments: task validation and the grading benchmark (Report §4.2–4.3); the hack suite, which plays
+through the harness, is :mod:`mimo_kit.harness.experiments`.
 
     mimo-kit run validate-tasks              # every shipped code task, 8 reruns
-    mimo-kit run hack-suite tasks=[stats-median]
     mimo-kit run bench-grading repeats=10
 """
 
@@ -19,7 +19,8 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import experiment
 
 
-def _pick(all_items: list, names: tuple[str, ...], what: str) -> list:
+def pick(all_items: list, names: tuple[str, ...], what: str) -> list:
+    """The items whose ``id`` is named, in the order named (all of them when none is); an unknown id is an error."""
     if not names:
         return all_items
     by_id = {x.id: x for x in all_items}
@@ -45,39 +46,11 @@ def run_validate_tasks(cfg: ValidateTasksConfig) -> list[dict]:
     from mimo_kit.envs.code import CodeEnvConfig, shipped_tasks, validate_task
 
     rows = []
-    for task in _pick(shipped_tasks(), cfg.tasks, "code tasks"):
+    for task in pick(shipped_tasks(), cfg.tasks, "code tasks"):
         v = validate_task(task, CodeEnvConfig(reruns=cfg.reruns))
         rows.append({"task": task.id, "source": task.source, "F2P": len(task.f2p), "P2P": len(task.p2p),
                      "valid": v.ok, "reasons": "; ".join(v.reasons) or "-", "seconds": round(v.wall_s, 2)})
     return rows
-
-
-@dataclasses.dataclass
-class HackSuiteConfig(Config):
-    """Which tasks and strategies the hack agent attacks; both environment variants by default."""
-
-    tasks: tuple[str, ...] = knob((), "code task ids; empty = every shipped task")
-    strategies: tuple[str, ...] = knob((), "strategy names; empty = all")
-    general: bool = knob(True, "also attack the general tasks with the general strategies")
-
-    PRESETS = {"tiny": {}}
-
-
-@experiment("hack-suite", HackSuiteConfig, chapter="ch04b")
-def run_hack_suite_experiment(cfg: HackSuiteConfig) -> dict:
-    """Every hack × every task, uncleaned vs cleaned: bypass shares before and after the trajectory audit."""
-    from mimo_kit.envs.code import shipped_tasks
-    from mimo_kit.envs.general import shipped_general_tasks
-    from mimo_kit.envs.hacks import GENERAL_STRATEGIES, bypass_table, run_general_strategy, run_hack_suite
-
-    results = run_hack_suite(_pick(shipped_tasks(), cfg.tasks, "code tasks"), strategies=list(cfg.strategies) or None)
-    if cfg.general:
-        results += [run_general_strategy(t, s, cleaned=c) for c in (False, True) for t in shipped_general_tasks()
-                    for s in GENERAL_STRATEGIES]
-    cells = [{"task": r.task, "strategy": r.strategy, "family": r.family,
-              "environment": "cleaned" if r.cleaned else "uncleaned", "reward": r.reward, "audited": r.audited}
-             for r in results]
-    return {"summary": bypass_table(results), "cells": cells}
 
 
 @dataclasses.dataclass
@@ -144,7 +117,7 @@ def run_bench_grading(cfg: BenchGradingConfig) -> dict:
     for row in sandbox:
         row["overhead_ms"] = round(row["sandboxed"]["median_ms"] - row["bare"]["median_ms"], 1)
     grading = []
-    for task in _pick(shipped_tasks(), cfg.tasks, "code tasks"):
+    for task in pick(shipped_tasks(), cfg.tasks, "code tasks"):
         grading.append({"task": task.id, "reference patch": _timed(lambda t=task: grade_patch(t, t.reference_patch), n),
                         "empty patch": _timed(lambda t=task: grade_patch(t, ""), n)})
     target = cyber.shipped_targets()[0]

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mimo_kit.envs.patches import UnsafePatch, read_regular
-from mimo_kit.harness.tools import Tool, ToolError
+from mimo_kit.envs.tools import Tool, ToolError
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
 SEED = DATA_DIR / "shop_seed.json"

@@ -7,6 +7,8 @@ schema; :func:`run_episode` runs a text policy (scripted or an API) the same way
 >>> from mimo_kit.harness import HARNESSES, ScriptedPolicy, run_episode
 """
 
+from mimo_kit.envs.tools import Tool, ToolError, ToolRegistry, Workspace
+from mimo_kit.harness.config import HARNESSES, HarnessConfig, ScriptedPolicy, get_harness
 from mimo_kit.harness.episode import (
     ByteTokenizer,
     HarnessEpisode,
@@ -15,9 +17,7 @@ from mimo_kit.harness.episode import (
     run_episode,
 )
 from mimo_kit.harness.formats import FORMATS, FormatError, ToolCall, get_format, render_call
-from mimo_kit.harness.loop import HARNESSES, HarnessConfig, ScriptedPolicy, get_harness
 from mimo_kit.harness.record import error_segments, generated_segments
-from mimo_kit.harness.tools import Tool, ToolError, ToolRegistry, Workspace
 
 __all__ = ["FORMATS", "ByteTokenizer", "FormatError", "HARNESSES", "HarnessConfig", "HarnessEpisode",
            "PolicyEngine", "ScriptedPolicy", "Tool", "ToolCall", "ToolError", "ToolRegistry", "Workspace",

@@ -14,9 +14,9 @@ from mimo_kit.envs import cyber as cyber_env
 from mimo_kit.envs.hacks import audited_reward
 from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
+from mimo_kit.envs.tools import Tool, Workspace
 from mimo_kit.envs.uids import release_uid
 from mimo_kit.envs.volume import EpisodeVolume
-from mimo_kit.harness.tools import Tool, Workspace
 
 
 class BaseEnv:

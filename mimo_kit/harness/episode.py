@@ -1,7 +1,7 @@
 """The mini-harness as an episode of the rollout driver: the agent loop, token-in/token-out (Report §4.2, §6.1).
 
 A :class:`HarnessEpisode` wraps one harness configuration (prompt, action format, tools, context manager,
-limits; :class:`~mimo_kit.harness.loop.HarnessConfig`) around an environment and a tokenizer and speaks the driver's
+limits; :class:`~mimo_kit.harness.config.HarnessConfig`) around an environment and a tokenizer and speaks the driver's
 Episode protocol (:mod:`mimo_kit.infra.rollout`), so a model acts in the harness through the same batched rollouts
 the trainer uses, and every episode is recorded in the one trajectory schema (``Sample`` ⊃ ``Sequence`` ⊃
 ``Context`` ⊃ ``Segment``) that :func:`mimo_kit.rl.load_jsonl` reads back.
@@ -31,9 +31,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mimo_kit.envs.tools import ToolError
+from mimo_kit.harness.config import HarnessConfig, build_prompt, get_harness, make_registry, manage_context, truncate
 from mimo_kit.harness.formats import FormatError, get_format
-from mimo_kit.harness.loop import HarnessConfig, build_prompt, get_harness, make_registry, manage_context, truncate
-from mimo_kit.harness.tools import ToolError
 from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
 from mimo_kit.rl.trajectory import Segment
 

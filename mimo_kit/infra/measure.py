@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mimo_kit.infra.dist import checkpointed_layers
+from mimo_kit.dist import checkpointed_layers
 
 OUTSIDE = -1  # attribution of tensors saved outside the decoder layers
 

@@ -51,7 +51,7 @@ H hidden, h query heads of dim D, values of dim Dᵥ, KV key/value heads, I FFN 
   4·E·H for its weight) instead of the second norm's output, which nothing then keeps;
 - outside the layers: the token ids 8·N, the RoPE cos/sin tables and the final norm; the loss keeps the
   log-softmax 4·N·V and the targets 8·N.
-- Qwen3.5 (the distillation student, :mod:`mimo_kit.distill.qwen`) has its own layer formula, modelled on the
+- Qwen3.5 (the distillation student, :mod:`mimo_kit.model.qwen`) has its own layer formula, modelled on the
   fused kernels a GPU run uses (flash-attention, flash-linear-attention's chunked gated delta rule):
   a Gated DeltaNet layer keeps the conv input and output 2·(2Kd + Vd), the l2-normed q and k 2Kd, β, the chunk
   matrix A [N, heads_v, 64], the kernel output and the gated norm's three outputs 4·Vd (a each), plus in fp32
@@ -86,6 +86,7 @@ import math
 from typing import Any, Literal
 
 from mimo_kit.config.base import PRESET_NAMES, Config, ConfigError, knob
+from mimo_kit.optim.lora import LORA_RANK, LORA_TARGETS
 
 GIB = 2**30
 QWEN = "qwen3.5-9b"
@@ -103,11 +104,10 @@ class PlanConfig(Config):
     nodes: int = knob(1, "nodes; the world size is gpus_per_node × nodes", min=1)
     fsdp: bool = knob(False, "shard weights, gradients and optimiser state over the world (FSDP / ZeRO-3)")
     lora: bool = knob(False, "freeze the base, train LoRA adapters only")
-    lora_rank: int = knob(16, "adapter rank r: a common LoRA default for instruction tuning", min=1)
+    lora_rank: int = knob(LORA_RANK, "adapter rank r: the rank the kit trains with (mimo_kit.optim.lora)", min=1)
     lora_targets: tuple[str, ...] = knob(
-        ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"),
-        "linears by module name: the attention projections of either family (the LoRA paper adapts attention); add "
-        "gate_proj/up_proj/down_proj for dense FFNs, experts for one adapter per routed expert")
+        LORA_TARGETS, "linears by module name (mimo_kit.optim.lora); add gate_proj/up_proj/down_proj for dense FFNs, "
+        "experts for one adapter per routed expert")
     precision: Literal["bf16", "fp32"] = knob(
         "bf16", "Report §3: bf16 compute, FP32 master weights, FP32 optimiser state; fp32 = all fp32 (CPU)")
     fp32_grads: bool = knob(True, "bf16 runs accumulate and reduce gradients in fp32 (Megatron's main_grad, "
@@ -137,8 +137,8 @@ class PlanConfig(Config):
 
     def check(self) -> None:
         if self.fsdp and self.lora:
-            raise ConfigError("PlanConfig: fsdp=True and lora=True together; pick one mode (--fsdp shards a full "
-                              "fine-tune, --lora trains adapters on a replicated frozen base)")
+            raise ConfigError("PlanConfig: fsdp=True and lora=True together; pick one mode (fsdp shards a full "
+                              "fine-tune, lora trains adapters on a replicated frozen base)")
 
 
 # ---- the model's inventory -------------------------------------------------------------------------------------
@@ -228,7 +228,7 @@ def _named_shape(name: str) -> Shape:
         import transformers
 
         from mimo_kit import cache
-        from mimo_kit.distill.qwen import qwen35_9b_config, qwen35_9b_parameters, text_model_on_meta
+        from mimo_kit.model.qwen import qwen35_9b_config, qwen35_9b_parameters, text_model_on_meta
 
         key = {"model": name, "transformers": transformers.__version__}
         shape = cache.lookup("model-shape", key)
@@ -255,7 +255,7 @@ def model_shape(model: Any, name: str | None = None) -> Shape:
 
         return _shape_of(name or "custom", "mimo", model, MiMoForCausalLM.on_meta(model))
     if getattr(model, "model_type", None) == "qwen3_5_text":
-        from mimo_kit.distill.qwen import text_model_on_meta
+        from mimo_kit.model.qwen import text_model_on_meta
 
         return _shape_of(name or "custom", "qwen3.5", model, text_model_on_meta(model))
     raise ConfigError(f"model: got {type(model).__name__}; expected a name ({', '.join(MODELS)}), a MiMoConfig "

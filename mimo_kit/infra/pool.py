@@ -471,7 +471,7 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     from ray._private import node as ray_node
     from ray._private import parameter
 
-    from mimo_kit.infra.dist import free_port
+    from mimo_kit.dist import free_port
 
     ray_params = parameter.RayParams
 

@@ -156,7 +156,7 @@ class RolloutWorker:
 
     def run_built(self, groups: Sequence[tuple[str, Sequence[Any]]], porter: bool = True) -> list[Any]:
         """:meth:`run` on groups of episode builders (``build(shared) → Episode``, e.g. the worlds' tenant builders
-        in :mod:`mimo_kit.rl.toy.pooled`): the episodes are made here, in the worker, not shipped to it."""
+        in :mod:`mimo_kit.train.toy.pooled`): the episodes are made here, in the worker, not shipped to it."""
         shared: dict = {}
         return self.run([(gid, [build(shared) for build in builds]) for gid, builds in groups], porter)
 

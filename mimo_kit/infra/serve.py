@@ -83,12 +83,15 @@ def load_model(path: str | Path) -> torch.nn.Module:
     ``model_type`` mimo_v2_flash), or any transformers ``save_pretrained`` causal LM."""
     folder = Path(path)
     if (folder / "config.yaml").is_file() and (folder / "model.safetensors").is_file():
+        import yaml
         from safetensors.torch import load_file
 
-        from mimo_kit.model import MiMoForCausalLM
-        from mimo_kit.pretrain.loop import PretrainConfig
+        from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 
-        model = MiMoForCausalLM(PretrainConfig.from_yaml(folder / "config.yaml").model)
+        run = yaml.safe_load((folder / "config.yaml").read_text()) or {}
+        if not isinstance(run, dict) or not isinstance(run.get("model"), dict):
+            raise ValueError(f"{folder / 'config.yaml'}: no 'model' section (expected a kit run's config)")
+        model = MiMoForCausalLM(MiMoConfig.from_dict(run["model"]))
         model.load_state_dict(load_file(folder / "model.safetensors"))
         return model.eval()
     if not (folder / "config.json").is_file():

@@ -26,17 +26,17 @@ CHAPTERS = [
      "mechanisms": "MiMo-ViT (sink SWA, row/column alternation, periodic GA), RVQ audio tokenizer, patch encoder"},
     {"chapter": "3 Pre-/mid-training", "notebook": "ch03_pretraining", "package": "mimo_kit.optim, .pretrain",
      "mechanisms": "tokenizer, pre-training loop, Muown vs Muon vs AdamW, MXFP4 QAT"},
-    {"chapter": "4.1 Scaling RL compute", "notebook": "ch04a_rl_at_scale", "package": "mimo_kit.rl, .infra",
+    {"chapter": "4.1 Scaling RL compute", "notebook": "ch04a_rl_at_scale", "package": "mimo_kit.rl, .train, .infra",
      "mechanisms": "the report's RL step, GRPO, partial rollouts, dynamic sampling"},
     {"chapter": "4.2 Environments and harnesses", "notebook": "ch04b_environments_and_harnesses",
      "package": "mimo_kit.envs, .harness, .grading",
      "mechanisms": "sandboxed code / general / cyber / visual tasks, mini-harnesses, hack suite"},
     {"chapter": "4.3 Groupwise agentic grading", "notebook": "ch04c_groupwise_grading", "package": "mimo_kit.rl",
      "mechanisms": "GRS, GAR, length and segment penalties, loss aggregation"},
-    {"chapter": "5 Experiments", "notebook": "ch05a_rl_experiments", "package": "mimo_kit.rl",
+    {"chapter": "5 Experiments", "notebook": "ch05a_rl_experiments", "package": "mimo_kit.train",
      "mechanisms": "GAR ablation, router freezing and the reset test, loss aggregation and dynamic sampling, "
                    "partial rollouts"},
-    {"chapter": "5 MOPD²", "notebook": "ch05b_mopd2", "package": "mimo_kit.rl",
+    {"chapter": "5 MOPD²", "notebook": "ch05b_mopd2", "package": "mimo_kit.rl, .train",
      "mechanisms": "multi-teacher on-policy distillation: per-token reverse KL, routed teachers, prefix conditioning"},
     {"chapter": "6 Infrastructure", "notebook": "ch06_infrastructure", "package": "mimo_kit.infra",
      "mechanisms": "Sample Mixer, harness pool, payload porter, SGLang engine, consistency dashboard"},
@@ -48,7 +48,7 @@ CHAPTERS = [
 
 def chapter_map() -> list[dict]:
     """:data:`CHAPTERS` with a ``status`` column: whether the chapter's notebook has landed in ``notebooks/``."""
-    from mimo_kit.course import NOTEBOOK_DIR
+    from mimo_kit.chapters import NOTEBOOK_DIR
 
     return [{**c, "status": "✓" if (NOTEBOOK_DIR / f"{c['notebook']}.ipynb").is_file() else "planned"}
             for c in CHAPTERS]

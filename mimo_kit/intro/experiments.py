@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.config.kit import KitConfig
 from mimo_kit.experiments import experiment
 
 
@@ -24,4 +23,6 @@ class ScaleKnobsConfig(Config):
 @experiment("scale-knobs", ScaleKnobsConfig, chapter="ch01")
 def run_scale_knobs(cfg: ScaleKnobsConfig) -> dict:
     """The model shape of every preset, side by side: one code path from a laptop toy to Pro."""
-    return {name: KitConfig.preset(name).model.summary() for name in cfg.names}
+    from mimo_kit.model import MiMoConfig
+
+    return {name: MiMoConfig.preset(name).summary() for name in cfg.names}

@@ -97,7 +97,9 @@ def _bench_decoder(cfg: BenchDecoderConfig, progress=None) -> dict:
     if cfg.compare_transformers:
         from transformers import MiMoV2FlashForCausalLM
 
-        hf = MiMoV2FlashForCausalLM(cfg.model.to_hf()).eval()
+        from mimo_kit.model.hf import to_hf
+
+        hf = MiMoV2FlashForCausalLM(to_hf(cfg.model)).eval()
         hf.config._attn_implementation = "eager"
         hf.load_state_dict(kit.state_dict())
     say = progress or (lambda s: None)

@@ -2,7 +2,7 @@
 
 Report §2: Flash 48 layers (39 SWA / 9 GA), hidden 4096, 256 experts top-8, window 128; Pro 70 layers (60 / 10),
 hidden 6144, 384 experts top-8. Field names follow transformers' ``MiMoV2FlashConfig`` so that
-:meth:`MiMoConfig.to_hf` / :meth:`MiMoConfig.from_hf` are plain renames, with two departures:
+:func:`mimo_kit.model.hf.to_hf` / :func:`~mimo_kit.model.hf.from_hf` are plain renames, with two departures:
 
 - ``swa_num_key_value_heads`` is its own field. transformers fixes SWA KV heads at 2 × GA KV heads (Flash: 8 / 4);
   the public Pro converter uses 8 on both layer types, which only the kit's config can express.
@@ -112,17 +112,3 @@ class MiMoConfig(Config):
                 "KV heads GA/SWA": f"{self.num_key_value_heads}/{self.swa_num_key_value_heads}",
                 "experts": f"{self.n_routed_experts} top-{self.num_experts_per_tok}",
                 "window": self.sliding_window, "vocab": self.vocab_size}
-
-    # ---- transformers interop (mimo_kit.model.hf) ---------------------------------------------------------
-    @classmethod
-    def from_hf(cls, hf_config: Any) -> MiMoConfig:
-        """From a ``transformers.MiMoV2FlashConfig`` (or its config.json dict)."""
-        from mimo_kit.model.hf import from_hf
-
-        return from_hf(hf_config)
-
-    def to_hf(self) -> Any:
-        """The equivalent ``transformers.MiMoV2FlashConfig``."""
-        from mimo_kit.model.hf import to_hf
-
-        return to_hf(self)

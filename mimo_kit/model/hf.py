@@ -4,8 +4,8 @@ The kit's state-dict keys are transformers' keys, so a checkpoint converts by re
 - transformers fixes SWA KV heads at 2 × GA KV heads; a kit config that departs from that cannot be exported;
 - the report's checkpoints carry multi-token-prediction (drafter) weights under ``model.mtp.layers.{i}.*``; the
   backbone loader sets them aside (:func:`split_mtp`, the second value :func:`load_checkpoint` returns) and
-  :func:`load_mtp` builds the chapter-2.4 MTP drafter (:mod:`mimo_kit.speculative.mtp`) from them;
-  :func:`mtp_to_hub` writes one back in that layout.
+  :func:`mimo_kit.speculative.mtp.load_mtp` builds the chapter-2.4 MTP drafter from them
+  (:func:`~mimo_kit.speculative.mtp.mtp_to_hub` writes one back in that layout).
 """
 
 from __future__ import annotations
@@ -90,40 +90,6 @@ def split_mtp(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tens
     backbone = {k: v for k, v in state_dict.items() if not k.startswith(MTP_PREFIX)}
     mtp = {k: v for k, v in state_dict.items() if k.startswith(MTP_PREFIX)}
     return backbone, mtp
-
-
-def mtp_to_hub(mtp_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """An MTP drafter's ``state_dict()`` → hub keys: ``model.mtp.`` + key, sinks as ``attention_sink_bias``."""
-    return {MTP_PREFIX + k.replace("self_attn.sinks", "self_attn.attention_sink_bias"): v
-            for k, v in mtp_state.items()}
-
-
-def load_mtp(mtp_state: dict[str, torch.Tensor], cfg: MiMoConfig, block_size: int = 8):
-    """The MTP drafter of a checkpoint: ``mtp_state`` as :func:`load_checkpoint` sets it aside (hub keys
-    ``model.mtp.layers.{i}.*``), ``cfg`` the backbone's config, ``block_size`` the drafting budget (anchor + k).
-
-    The number of layers is read from the keys; ``pre_mlp_layernorm`` is accepted for
-    ``post_attention_layernorm``. Missing or unexpected keys raise with their names.
-    """
-    from mimo_kit.speculative.mtp import MTPConfig, MTPDrafter
-
-    state = {}
-    for key, value in from_hub_layout(mtp_state).items():
-        if not key.startswith(MTP_PREFIX):
-            raise ValueError(f"load_mtp: {key!r} is not an MTP key (expected the prefix {MTP_PREFIX!r})")
-        state[key[len(MTP_PREFIX):].replace("pre_mlp_layernorm", "post_attention_layernorm")] = value
-    layers = sorted({int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))})
-    if not layers:
-        raise ValueError("load_mtp: no model.mtp.layers.{i}.* keys in the checkpoint")
-    mtp = MTPDrafter(MTPConfig(num_layers=layers[-1] + 1, block_size=block_size), cfg)
-    expected = set(mtp.state_dict())
-    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-    if missing or unexpected:
-        name = lambda keys: [MTP_PREFIX + k for k in keys[:5]]  # noqa: E731
-        raise ValueError(f"load_mtp: MTP weights do not fit the config: missing {name(missing)}, "
-                         f"unexpected {name(unexpected)}")
-    mtp.load_state_dict(state)
-    return mtp.eval()
 
 
 _EXPERT_KEY = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.infra.dist import check_device_knobs
+from mimo_kit.dist import check_device_knobs
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.optim.config import OptimConfig
 

@@ -13,7 +13,7 @@ with f the warm-up + cosine factor of :func:`mimo_kit.optim.lr_factor`.
 run killed at any point and resumed from its last checkpoint replays the same batches through the same weights and
 its loss curve continues bit-for-bit (tests/test_pretrain.py kills a run and compares).
 
-**Where it runs** (:mod:`mimo_kit.infra.dist`). ``device`` and ``precision`` place the model, the batches and the
+**Where it runs** (:mod:`mimo_kit.dist`). ``device`` and ``precision`` place the model, the batches and the
 optimiser state (fp32 weights and state, bf16 compute on CUDA by default). Under ``torchrun`` every process builds
 the same model from the same seed, FSDP2 shards it, and each rank trains on its rows of the same global batch:
 
@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 from mimo_kit.checkpoint import load_sharded, save_sharded
 from mimo_kit.config.base import ConfigError
-from mimo_kit.infra.dist import (
+from mimo_kit.dist import (
     Dist,
     autocast,
     checkpointed_layers,
@@ -312,7 +312,7 @@ def save_final(trainer: Trainer, out: Path) -> None:
     Every rank calls it (gathering sharded weights is a collective); rank 0 writes."""
     from safetensors.torch import save_file
 
-    from mimo_kit.infra.dist import full_state_dict
+    from mimo_kit.dist import full_state_dict
 
     weights = full_state_dict(trainer.model)
     if not trainer.dist.is_main:

@@ -44,14 +44,6 @@ def seed_configs(cfg: PretrainConfig, seeds: int) -> list[PretrainConfig]:
     return [dataclasses.replace(cfg, seed=cfg.seed + i) for i in range(seeds)]
 
 
-def mean_sd(values) -> tuple[float, float]:
-    """(mean, sample sd) of per-seed values: a :func:`~mimo_kit.spread.spread` as a pair; no values is an error."""
-    s = spread(values)
-    if not s["n"]:
-        raise ValueError("mean_sd: no values")
-    return s["mean"], s["sd"]
-
-
 def pm(values, digits: int = 3) -> str:
     """``"mean ± sd"`` of per-seed values with ``digits`` decimals, as the tables print them."""
     return spread_mean_sd(spread(values), decimals=digits)

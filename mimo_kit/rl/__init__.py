@@ -9,11 +9,13 @@
 | ``losses`` | PPO clip, entropy-adaptive ε_high, truncated IS, mismatch metrics, KL k1/k3 |
 | ``aggregation`` | token-mean / seq-mean / prompt-mean, exact under micro-batching |
 | ``sampling`` | dynamic sampling and over-sampling |
+| ``compose`` | the advantage pipeline: GRPO or GAR, then length penalty, then segment penalty, per token |
 | ``opd`` | MOPD²: reverse-KL distillation, teacher routing, prefix-conditioned contexts |
-| ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imported lazily: it loads TRL) |
-| ``mopd`` | MOPD² end to end on the toy world: domains, routed teachers, the standard / prefix OPD loop |
-| ``mopd_experiment`` | the ``mopd2`` experiment: SFT-only vs mixed RL vs MOPD² over seeds, and its claim check |
 | ``config`` | every unpublished constant as a named field with its reason |
+| ``examples`` | chapter 4c's worked trajectory groups (integer tokens, no tokenizer) |
+
+This package imports nothing of the kit outside ``rl`` and ``config`` (``tests/test_layers.py``): the run that uses
+it (trainer, worlds, SFT, MOPD² end to end, experiments) is :mod:`mimo_kit.train`.
 
 >>> from mimo_kit.rl import grpo_advantages, gar_redistribute, grs_reward, aggregate_loss
 """
@@ -102,14 +104,3 @@ __all__ = [
     "token_advantages", "token_entropy", "token_weights", "truncated_is_weights", "unflatten",
 ]
 
-
-_LAZY = {"KitGRPOTrainer": "mimo_kit.rl.trl_grpo", "KitGRPOConfig": "mimo_kit.rl.trl_grpo"}
-
-
-def __getattr__(name: str):
-    """``KitGRPOTrainer`` / ``KitGRPOConfig`` on first use only: importing them imports TRL and transformers."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'mimo_kit.rl' has no attribute {name!r}")

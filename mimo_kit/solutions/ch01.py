@@ -3,7 +3,7 @@ checks a notebook's answers against them)."""
 
 from __future__ import annotations
 
-from mimo_kit.config.kit import KitConfig
+from mimo_kit.model import MiMoConfig
 
 
 def solution(n: int):
@@ -12,8 +12,7 @@ def solution(n: int):
 
     if n == 1:
         layers = [0] + list(range(3, 48, 4))
-        return KitConfig.preset("flash", **{"model.global_layers": layers}).model.layer_types.count(
-            "sliding_attention")
+        return MiMoConfig.preset("flash", global_layers=layers).layer_types.count("sliding_attention")
     if n == 2:
         rollouts = 4096 * 8
         return (rollouts, round(3.7e9 / rollouts))

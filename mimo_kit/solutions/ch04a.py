@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def solution(n: int):
-    from mimo_kit.rl.toy.world import run_program
+    from mimo_kit.train.toy.world import run_program
 
     if n == 1:  # rollouts per step of the report (1,568 prompts × 16) divided by the toy step's (16 × 8)
         return 1568 * 16 // (16 * 8)

@@ -8,7 +8,7 @@ def solution(n: int):
     """Reference answers to chapter 4b's exercises, computed by the kit (the notebook checks against them)."""
     if n == 1:
         from mimo_kit.envs.code import shipped_tasks
-        from mimo_kit.envs.hacks import run_hack_suite
+        from mimo_kit.harness.hack_suite import run_hack_suite
 
         results = run_hack_suite(shipped_tasks(), strategies=["git-history"], variants=(False,))
         return sum(r.reward > 0 for r in results)

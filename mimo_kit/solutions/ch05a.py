@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def solution(n: int):
-    from mimo_kit.rl.toy.world import ToyEpisode, make_tasks
+    from mimo_kit.train.toy.world import ToyEpisode, make_tasks
 
     if n == 1:  # needless edits of an episode that fixes the bug and appends "A*1"
         return 1

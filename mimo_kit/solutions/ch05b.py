@@ -19,7 +19,7 @@ def solution(n: int):
         s, t = torch.tensor([math.log(0.8), math.log(0.2)]), torch.tensor([math.log(0.5), math.log(0.5)])
         return round(float(opd.reverse_kl_exact(s, t)), 3)
     if n == 3:  # rows routed to teacher "sft" for domains open, verifiable, open, open with the kit's routes
-        from mimo_kit.rl.mopd import ROUTES
+        from mimo_kit.train.mopd import ROUTES
 
         return opd.route_teachers(["open", "verifiable", "open", "open"], ROUTES)["sft"]
     raise ValueError(f"chapter 5b has exercises 1-3, not {n!r}")

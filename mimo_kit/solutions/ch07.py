@@ -9,7 +9,7 @@ def solution(n: int):
     if n == 1:  # Report §7: 77.4B tokens, 27.2B of them with loss: the loss share, 3 decimals
         return round(27.2 / 77.4, 3)
     if n == 2:  # bf16 weights of Qwen3.5-9B's text model in GiB (2 bytes per parameter), 2 decimals
-        from mimo_kit.distill.qwen import qwen35_9b_parameters
+        from mimo_kit.model.qwen import qwen35_9b_parameters
 
         return round(qwen35_9b_parameters()["text"] * 2 / 2**30, 2)
     if n == 3:  # prompt-mean weight of one token of the 40-token completion in a group of 10, 10, 20, 40 tokens

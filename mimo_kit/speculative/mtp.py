@@ -27,6 +27,7 @@ The hidden state h is the backbone's final-normed state (``last_hidden_state``),
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 from torch import nn
@@ -35,6 +36,7 @@ from mimo_kit.config.base import Config, knob
 from mimo_kit.model.attention import apply_partial_rope, rope_cos_sin, rope_inv_freq, sink_attention
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.model.decoder import DenseMLP, MiMoForCausalLM, RMSNorm
+from mimo_kit.model.hf import MTP_PREFIX, from_hub_layout
 
 
 @dataclasses.dataclass
@@ -239,3 +241,36 @@ def _in_window(ctx_allowed: torch.Tensor, depth_plus_one: int, window: int) -> t
     # rank of each visible entry from the end: 0 = the latest
     rank = ctx_allowed.flip(1).long().cumsum(1).flip(1) - 1
     return rank < room
+
+
+# ---- the hub checkpoint's MTP weights ---------------------------------------------------------------------------
+def mtp_to_hub(mtp_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """An MTP drafter's ``state_dict()`` → hub keys: ``model.mtp.`` + key, sinks as ``attention_sink_bias``."""
+    return {MTP_PREFIX + k.replace("self_attn.sinks", "self_attn.attention_sink_bias"): v
+            for k, v in mtp_state.items()}
+
+
+def load_mtp(mtp_state: dict[str, torch.Tensor], cfg: MiMoConfig, block_size: int = 8):
+    """The MTP drafter of a checkpoint: ``mtp_state`` as :func:`load_checkpoint` sets it aside (hub keys
+    ``model.mtp.layers.{i}.*``), ``cfg`` the backbone's config, ``block_size`` the drafting budget (anchor + k).
+
+    The number of layers is read from the keys; ``pre_mlp_layernorm`` is accepted for
+    ``post_attention_layernorm``. Missing or unexpected keys raise with their names.
+    """
+    state = {}
+    for key, value in from_hub_layout(mtp_state).items():
+        if not key.startswith(MTP_PREFIX):
+            raise ValueError(f"load_mtp: {key!r} is not an MTP key (expected the prefix {MTP_PREFIX!r})")
+        state[key[len(MTP_PREFIX):].replace("pre_mlp_layernorm", "post_attention_layernorm")] = value
+    layers = sorted({int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))})
+    if not layers:
+        raise ValueError("load_mtp: no model.mtp.layers.{i}.* keys in the checkpoint")
+    mtp = MTPDrafter(MTPConfig(num_layers=layers[-1] + 1, block_size=block_size), cfg)
+    expected = set(mtp.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    if missing or unexpected:
+        name = lambda keys: [MTP_PREFIX + k for k in keys[:5]]  # noqa: E731
+        raise ValueError(f"load_mtp: MTP weights do not fit the config: missing {name(missing)}, "
+                         f"unexpected {name(unexpected)}")
+    mtp.load_state_dict(state)
+    return mtp.eval()

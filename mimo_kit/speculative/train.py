@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, knob
-from mimo_kit.infra.dist import autocast, check_device_knobs, resolve_device, resolve_precision
+from mimo_kit.dist import autocast, check_device_knobs, resolve_device, resolve_precision
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig, context_mask

@@ -25,8 +25,7 @@ from collections.abc import Callable
 from typing import Literal, Protocol
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.harness.formats import get_format
-from mimo_kit.harness.tools import (
+from mimo_kit.envs.tools import (
     Tool,
     ToolRegistry,
     Workspace,
@@ -35,6 +34,7 @@ from mimo_kit.harness.tools import (
     submit_tool,
     view_tool,
 )
+from mimo_kit.harness.formats import get_format
 
 STANDARD_TOOLS = ("bash", "view", "str_replace", "submit")
 

@@ -286,7 +286,7 @@ def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
 
 # ---- the world as the trainer sees it ---------------------------------------------------------------------------
 class ToyWorld:
-    """The trainer's view of the toy world (the same small interface as :class:`mimo_kit.rl.toy.repo.RepoWorld`):
+    """The trainer's view of the toy world (the same small interface as :class:`mimo_kit.train.toy.repo.RepoWorld`):
     tasks, groups of episodes, rollout settings, SFT data, held-out groups, the group grader and the rubric."""
 
     name = "toy"

@@ -5,8 +5,8 @@ small interface (tasks, groups of episodes, rollout settings, SFT data, held-out
 
 - ``world="repo"`` (the default): code tasks in four bug families, graded by hidden F2P / P2P tests in the
   sandbox, which the policy fixes by acting through the mini-harness configurations
-  (:mod:`mimo_kit.rl.toy.repo`); held-out evaluation covers 7 harnesses, 3 of them never trained on;
-- ``world="toy"``: one-line programs checked in Python (:mod:`mimo_kit.rl.toy.world`), seconds per step, which
+  (:mod:`mimo_kit.train.toy.repo`); held-out evaluation covers 7 harnesses, 3 of them never trained on;
+- ``world="toy"``: one-line programs checked in Python (:mod:`mimo_kit.train.toy.world`), seconds per step, which
   the chapter 5 ablations use.
 
 One step (Report §5's recipe at toy scale):
@@ -39,7 +39,7 @@ controller state) is written atomically every ``checkpoint_every`` steps and a r
 resumes from it and reproduces the uninterrupted run's metrics exactly (tests/test_rl_trainer.py kills a run
 with SIGKILL to check).
 
-**Under torchrun** (:mod:`mimo_kit.infra.dist`) the learner shards: every rank holds 1/W of the policy (FSDP2),
+**Under torchrun** (:mod:`mimo_kit.dist`) the learner shards: every rank holds 1/W of the policy (FSDP2),
 rank 0 alone plays the rollouts with an engine that holds full weights (gathered after each step: the weight-sync
 path, then the version bump), and the batch goes to every rank. Each rank trains on its rows of the batch with the
 whole batch's token weights w (:func:`mimo_kit.rl.aggregation.token_weights`):
@@ -68,8 +68,7 @@ import torch
 from mimo_kit import cache
 from mimo_kit.checkpoint import atomic_save, load_sharded, save_sharded
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.infra import rollout
-from mimo_kit.infra.dist import (
+from mimo_kit.dist import (
     Dist,
     autocast,
     check_device_knobs,
@@ -81,6 +80,7 @@ from mimo_kit.infra.dist import (
     to_float,
     uses_fsdp,
 )
+from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
@@ -108,11 +108,11 @@ from mimo_kit.rl.losses import (
 )
 from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
 from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
-from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
-from mimo_kit.rl.student import StudentConfig, check_student_run
-from mimo_kit.rl.toy.repo import RepoWorld, RepoWorldConfig, harness_table
-from mimo_kit.rl.toy.world import ToyWorld
 from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
+from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
+from mimo_kit.train.student import StudentConfig, check_student_run
+from mimo_kit.train.toy.repo import RepoWorld, RepoWorldConfig, harness_table
+from mimo_kit.train.toy.world import ToyWorld
 
 #: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
 #: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
@@ -254,7 +254,7 @@ class RLConfig(Config):
         if self.world == "toy":
             return ToyWorld(self.max_turns)
         if self.student.model:  # the student's chat template lays out every episode
-            from mimo_kit.rl.student import student_tokenizer
+            from mimo_kit.train.student import student_tokenizer
 
             return RepoWorld(self.repo, tokenizer=student_tokenizer(self.student))
         return RepoWorld(self.repo)
@@ -713,7 +713,7 @@ def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = Non
     world = world or cfg.make_world()
     d = d or Dist()
     if cfg.student.model:  # a distilled transformers student: SFT happened in distill-sft (Report §7)
-        from mimo_kit.rl.student import load_student
+        from mimo_kit.train.student import load_student
 
         if d.world_size > 1:
             raise ConfigError("RLConfig.student.model under torchrun: the learner shards the kit decoder only; "

@@ -4,7 +4,7 @@
     mimo-kit run mopd2 --preset quick         # one seed in miniature (the notebook's quick mode, < 1 min)
     mimo-kit results mopd2                    # publish data/rl/mopd2_tiny.{json,md,png}
 
-Per seed k (``base.seed = k``) one student SFT policy and two teachers (:func:`mimo_kit.rl.mopd.prepare`), then
+Per seed k (``base.seed = k``) one student SFT policy and two teachers (:func:`mimo_kit.train.mopd.prepare`), then
 four arms from the same SFT policy:
 
 | arm | what trains the student |
@@ -39,9 +39,9 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
-from mimo_kit.rl.mopd import ROUTES, MOPDConfig, evaluate_domains, prepare, train_mopd
-from mimo_kit.rl.trainer import run_rl, torch_threads
 from mimo_kit.spread import mean_sd, spread
+from mimo_kit.train.mopd import ROUTES, MOPDConfig, evaluate_domains, prepare, train_mopd
+from mimo_kit.train.trainer import run_rl, torch_threads
 
 DOMAINS = ("verifiable", "open")
 ARMS = ("sft-only", "mixed-rl", "mopd-standard", "mopd-prefix")

@@ -1,7 +1,7 @@
 """SFT → RL in the repo world over seeds, and the multi-harness table (Report §4.2, Table 7's form).
 
 The report trains its agent on a few harness configurations and evaluates on more, some held out, and reads the
-RL gain per harness. Here: one run per seed of the kit trainer in the repo world (:mod:`mimo_kit.rl.toy.repo`),
+RL gain per harness. Here: one run per seed of the kit trainer in the repo world (:mod:`mimo_kit.train.toy.repo`),
 trained on 4 harnesses; before and after RL every held-out task is played in all 7 (4 trained, 3 held out). The
 result holds each seed's evaluations and histories and, per harness, pass@1 after SFT and after RL and the gain,
 as mean ± sd over seeds with how many seeds gained.
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
-from mimo_kit.rl.trainer import RLConfig, run_rl
 from mimo_kit.spread import mean_sd, spread
+from mimo_kit.train.trainer import RLConfig, run_rl
 
 
 @dataclasses.dataclass

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, knob
-from mimo_kit.infra.dist import Dist, autocast, checkpointed_layers
+from mimo_kit.dist import Dist, autocast, checkpointed_layers
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
-from mimo_kit.rl.toy.world import TOKENIZER, expert_dataset, make_tasks
+from mimo_kit.train.toy.world import TOKENIZER, expert_dataset, make_tasks
 
 
 @dataclasses.dataclass

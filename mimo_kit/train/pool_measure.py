@@ -31,8 +31,8 @@ from mimo_kit.infra.pool import (
     start_local_head,
     stop_local_head,
 )
-from mimo_kit.rl.toy.pooled import SeededToyEngine, ToyBuild
-from mimo_kit.rl.toy.world import make_tasks, rollout_settings
+from mimo_kit.train.toy.pooled import SeededToyEngine, ToyBuild
+from mimo_kit.train.toy.world import make_tasks, rollout_settings
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The repo world: small code tasks a tiny policy fixes by acting through a mini-harness, graded in the sandbox
 (Report §4.2, §4.3, §5).
 
-Where the toy world (:mod:`mimo_kit.rl.toy.world`) checks a program in Python, here every episode is the real
+Where the toy world (:mod:`mimo_kit.train.toy.world`) checks a program in Python, here every episode is the real
 thing at toy size: a repository task graded by its hidden F2P / P2P tests through :mod:`mimo_kit.envs.code` and
 the sandbox, an agent loop of one harness configuration (:mod:`mimo_kit.harness`: prompt, action format, tools,
 context manager, limits), token-in/token-out through the rollout driver.
@@ -22,7 +22,7 @@ The instruction is the failing test's message (``test_add3 fails: add3(2) return
 show the code and run commands, never the fix. Grading: the hidden test of the buggy function must pass (F2P) and
 the other two keep passing (P2P).
 
-**Harnesses.** The four training configurations of :data:`mimo_kit.harness.loop.HARNESSES` that can edit code
+**Harnesses.** The four training configurations of :data:`mimo_kit.harness.config.HARNESSES` that can edit code
 (``mini-bash``, ``swe-tools``, ``xml-editor``, ``fenced-editor``) and the three held-out ones (``codex-like``,
 ``claude-code-like``, ``mini-swe-agent-like``) — Report §4.2's train-on-few, evaluate-on-held-out setting.
 
@@ -54,9 +54,9 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.envs import code as code_env
+from mimo_kit.harness.config import HARNESSES, HarnessConfig, ScriptedPolicy, get_harness
 from mimo_kit.harness.episode import ByteTokenizer, HarnessEpisode, PolicyEngine
 from mimo_kit.harness.formats import render_call
-from mimo_kit.harness.loop import HARNESSES, HarnessConfig, ScriptedPolicy, get_harness
 from mimo_kit.infra import rollout
 from mimo_kit.infra.rollout import Outcome, RolloutSettings
 from mimo_kit.rl.trajectory import Sample
@@ -438,7 +438,7 @@ class RepoWorld:
     name = "repo"
 
     def __init__(self, cfg: RepoWorldConfig, tokenizer: Any = None):
-        """``tokenizer``: the policy's own (a distilled student's chat template, :mod:`mimo_kit.rl.student`);
+        """``tokenizer``: the policy's own (a distilled student's chat template, :mod:`mimo_kit.train.student`);
         default: the world's BPE, trained on the expert's traces and cached."""
         cfg.check()
         self.cfg = cfg

@@ -16,15 +16,16 @@ domain-specific skill real: an episode's edit action must name the bug line (``E
 the expected line from a tool output at a different position, and a teacher trained on one domain only sees (and
 is sharpened on) that domain's actions: in the published tiny run (data/rl/mopd2_tiny.md) teacher ``sft``, trained
 on the open domain only, scores ~1.0 there and ~0.43 on the verifiable domain. It is also the kit's per-source split
-of the toy world (:func:`mimo_kit.rl.trainer.task_source`: ``line1``..``line3``), so RL on one domain is the trainer's
-Mixer with ``sources=("line1",)``. Each domain has its own held-out task set (the held-out seed, split by line).
+of the toy world (:func:`mimo_kit.train.trainer.task_source`: ``line1``..``line3``), so RL on one domain is the
+trainer's Mixer with ``sources=("line1",)``. Each domain has its own held-out task set (the held-out seed, split by
+line).
 
 **Teachers** (Report §5: the mixed-RL teacher for verifiable domains, SFT teachers for open-ended ones):
 
 - teacher ``rl`` (domain ``verifiable``): the student's SFT policy, RL-trained by the kit's trainer
-  (:func:`mimo_kit.rl.trainer.run_rl`) on that domain's tasks only;
+  (:func:`mimo_kit.train.trainer.run_rl`) on that domain's tasks only;
 - teacher ``sft`` (domain ``open``): the student's SFT policy trained further on clean expert traces of that
-  domain only (:func:`mimo_kit.rl.sft.sft_warm_start`).
+  domain only (:func:`mimo_kit.train.sft.sft_warm_start`).
 
 **Variants** (``MOPDConfig.variant``):
 
@@ -38,7 +39,7 @@ Mixer with ``sources=("line1",)``. Each domain has its own held-out task set (th
 at every trained position (TRL's GKD with β = 1, tests/test_mopd2.py); the report's form is ``"sampled"``.
 
 Departures from the report, on purpose: the student starts from its SFT policy (the report distils after mixed RL;
-here mixed RL is a separate arm of the experiment, :mod:`mimo_kit.rl.mopd_experiment`), one OPD epoch per batch.
+here mixed RL is a separate arm of the experiment, :mod:`mimo_kit.train.mopd_experiment`), one OPD epoch per batch.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import Outcome, Turn
 from mimo_kit.rl.aggregation import MODES, aggregate_loss
 from mimo_kit.rl.opd import opd_loss, prefix_conditioned_context, reverse_kl_exact, route_teachers
-from mimo_kit.rl.sft import PolicyConfig, SFTConfig, sft_warm_start
-from mimo_kit.rl.toy.world import TOKENIZER, Task, ToyWorld, expert_dataset, make_tasks, rollout_settings
-from mimo_kit.rl.trainer import RLConfig, policy_logprobs, run_rl, torch_threads
 from mimo_kit.rl.trajectory import Sample, Segment, flatten
+from mimo_kit.train.sft import PolicyConfig, SFTConfig, sft_warm_start
+from mimo_kit.train.toy.world import TOKENIZER, Task, ToyWorld, expert_dataset, make_tasks, rollout_settings
+from mimo_kit.train.trainer import RLConfig, policy_logprobs, run_rl, torch_threads
 
 #: Domain → teacher name (Report §5: verifiable domains distil from the RL teacher, open-ended ones from SFT).
 ROUTES: dict[str, str] = {"verifiable": "rl", "open": "sft"}

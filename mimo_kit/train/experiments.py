@@ -48,11 +48,11 @@ from mimo_kit import results
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
-from mimo_kit.rl.consistency import ConsistencyConfig, measure_consistency
-from mimo_kit.rl.multi_harness import SeedsConfig, run_seeds
-from mimo_kit.rl.toy.world import expert_dataset, make_tasks
-from mimo_kit.rl.trainer import TOY_WORLD, RLConfig, run_rl, torch_threads
 from mimo_kit.spread import mean_sd, spread
+from mimo_kit.train.consistency import ConsistencyConfig, measure_consistency
+from mimo_kit.train.multi_harness import SeedsConfig, run_seeds
+from mimo_kit.train.toy.world import expert_dataset, make_tasks
+from mimo_kit.train.trainer import TOY_WORLD, RLConfig, run_rl, torch_threads
 
 #: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
 RESULTS_DIR = DATA_DIR / "rl"
@@ -66,7 +66,8 @@ EVAL_KEYS = ("pass_rate", "needless_rate", "turns", "gen_tokens")
 
 @experiment("rl", RLConfig, chapter="ch04a")
 def rl(cfg: RLConfig) -> dict:
-    """SFT warm start + RL on the toy agentic world; held-out pass@1 before and after, metrics.jsonl."""
+    """SFT warm start + RL on ``RLConfig.world`` (the repo world by default, ``world=toy`` the toy world);
+    held-out pass@1 before and after, metrics.jsonl."""
     r = run_rl(cfg)
     return {k: v for k, v in r.items() if k not in ("model", "init_router")}
 
@@ -329,7 +330,7 @@ def gar_ablation(cfg: CompareConfig) -> dict:
 @torch.no_grad()
 def probe_loads(model, n_tasks: int = 64, seed: int = 4242) -> dict[str, list[float]]:
     """Per-MoE-layer load metrics on a fixed probe: expert trajectories of held-out tasks, teacher-forced."""
-    from mimo_kit.rl.sft import pad_batch
+    from mimo_kit.train.sft import pad_batch
 
     data = expert_dataset(make_tasks(n_tasks, seed, prefix="probe"), seed)
     ids, _ = pad_batch([d[0] for d in data], [d[1] for d in data])
@@ -425,4 +426,4 @@ def consistency(cfg: ConsistencyConfig) -> dict:
 
 
 # ---- MOPD²: multi-teacher on-policy distillation (Report §5) --------------------------------------------------------
-from mimo_kit.rl import mopd_experiment  # noqa: E402,F401  (registers ``mopd2``)
+from mimo_kit.train import mopd_experiment  # noqa: E402,F401  (registers ``mopd2``)

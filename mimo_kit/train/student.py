@@ -1,7 +1,7 @@
 """RL on a transformers student: the distilled model, optionally with LoRA, as the kit trainer's policy (Report §7).
 
 Report §7 distils MiMo traces into Qwen3.5-9B with SFT, then runs RL on the distilled model per domain (its Table 6:
-base, SFT, SFT + RL). The kit's trainer (:mod:`mimo_kit.rl.trainer`) does the RL step on any causal LM whose
+base, SFT, SFT + RL). The kit's trainer (:mod:`mimo_kit.train.trainer`) does the RL step on any causal LM whose
 forward returns ``logits``; this module supplies the student side:
 
 - :class:`StudentConfig`: the folder of a transformers causal LM (``distill-sft``'s ``model/``: weights,
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
+from mimo_kit.optim.lora import LORA_ALPHA, LORA_RANK, LORA_TARGETS, lora_config
 
 
 @dataclasses.dataclass
@@ -30,11 +31,9 @@ class StudentConfig(Config):
     model: str = knob("", "'' = the kit decoder with the trainer's own SFT warm start; a local folder = a "
                       "transformers causal LM with its tokenizer and chat template (distill-sft's model/)")
     lora: bool = knob(False, "train PEFT LoRA adapters on the frozen student instead of every weight")
-    lora_rank: int = knob(8, "adapter rank r, as distill-sft's LoRA", min=1)
-    lora_alpha: int = knob(16, "LoRA scale alpha = 2r, the common setting", min=1)
-    lora_targets: tuple[str, ...] = knob(
-        ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "out_proj"),
-        "the projections of both Qwen3.5 layer kinds (full attention, Gated DeltaNet), as distill-sft's LoRA")
+    lora_rank: int = knob(LORA_RANK, "adapter rank r (mimo_kit.optim.lora: one setting for every LoRA)", min=1)
+    lora_alpha: int = knob(LORA_ALPHA, "LoRA scale alpha = 2r, the common setting", min=1)
+    lora_targets: tuple[str, ...] = knob(LORA_TARGETS, "both Qwen3.5 layer kinds' projections (mimo_kit.optim.lora)")
     end_token: str = knob("<|im_end|>", "the chat template's end of turn (ChatML): the rollouts' stop token")
 
     def check(self) -> None:
@@ -86,19 +85,6 @@ def load_student(cfg: StudentConfig, tokenizer: Any = None):
                                                   "StudentConfig"))
     model.eval()
     return model
-
-
-def lora_config(model: Any, rank: int, alpha: int, targets: tuple[str, ...], owner: str):
-    """PEFT ``LoraConfig`` on the ``targets`` the model has (module-name suffixes); none present raises, naming
-    ``owner``'s field and some of the model's module names."""
-    from peft import LoraConfig
-
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    found = [t for t in targets if t in present]
-    if not found:
-        raise ConfigError(f"{owner}.lora_targets: none of {list(targets)} is a module of the model; it has e.g. "
-                          f"{sorted(present)[:12]}")
-    return LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=found, task_type="CAUSAL_LM")
 
 
 def save_student(model: Any, tokenizer: Any, folder: str | Path) -> Path:

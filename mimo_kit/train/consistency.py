@@ -56,7 +56,7 @@ class ConsistencyConfig(Config):
 def _scores(model, batch, temperature: float, qdq: bool, r3: bool, topp: bool) -> torch.Tensor:
     """log π_train [rows, T−1] of the stored tokens under one combination of the three switches."""
     from mimo_kit.optim.mxfp4 import qat_experts
-    from mimo_kit.rl.trainer import policy_logprobs, replay_indices
+    from mimo_kit.train.trainer import policy_logprobs, replay_indices
 
     with torch.no_grad(), (qat_experts(model) if qdq else contextlib.nullcontext()):
         routing = replay_indices(model, batch) if r3 else None
@@ -112,8 +112,8 @@ def measure_consistency(cfg: ConsistencyConfig) -> dict[str, Any]:
     from mimo_kit.infra import rollout
     from mimo_kit.infra.engine import InProcessEngine
     from mimo_kit.optim.mxfp4 import quantize_experts_
-    from mimo_kit.rl.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
-    from mimo_kit.rl.toy.world import ToyWorld
+    from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
+    from mimo_kit.train.toy.world import ToyWorld
 
     world = ToyWorld()
     model = build_policy(PolicyConfig(hidden_size=cfg.hidden_size), cfg.seed, vocab_size=world.vocab_size)

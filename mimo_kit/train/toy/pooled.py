@@ -16,19 +16,19 @@ from mimo_kit.infra.engine import GenerationOutput
 
 @dataclasses.dataclass(frozen=True)
 class ToyBuild:
-    """A toy-world episode (:class:`~mimo_kit.rl.toy.world.ToyEpisode`) of one task."""
+    """A toy-world episode (:class:`~mimo_kit.train.toy.world.ToyEpisode`) of one task."""
 
     task: Any
 
     def __call__(self, shared: dict) -> Any:
-        from mimo_kit.rl.toy.world import ToyEpisode
+        from mimo_kit.train.toy.world import ToyEpisode
 
         return ToyEpisode(self.task)
 
 
 @dataclasses.dataclass(frozen=True)
 class RepoBuild:
-    """A repo-world harness episode (:class:`~mimo_kit.rl.toy.repo.RepoEpisode`): its sandboxed workspace is made
+    """A repo-world harness episode (:class:`~mimo_kit.train.toy.repo.RepoEpisode`): its sandboxed workspace is made
     inside the actor, with the actor's shared tokenizer (``shared["tokenizer"]``, bytes by default)."""
 
     task: Any
@@ -36,9 +36,9 @@ class RepoBuild:
     task_dir: str = ""
 
     def __call__(self, shared: dict) -> Any:
+        from mimo_kit.harness.config import get_harness
         from mimo_kit.harness.episode import ByteTokenizer
-        from mimo_kit.harness.loop import get_harness
-        from mimo_kit.rl.toy.repo import RepoEpisode
+        from mimo_kit.train.toy.repo import RepoEpisode
 
         tok = shared.setdefault("tokenizer", ByteTokenizer())
         return RepoEpisode(self.task, get_harness(self.harness), tok, self.task_dir)
@@ -57,7 +57,7 @@ class SeededToyEngine:
         self.seed, self.layers, self.k, self.n_experts, self.n_candidates = seed, layers, k, n_experts, n_candidates
 
     def generate(self, requests: Sequence[Any]) -> list[GenerationOutput]:
-        from mimo_kit.rl.toy.world import TOKENIZER
+        from mimo_kit.train.toy.world import TOKENIZER
 
         outs = []
         for r in requests:

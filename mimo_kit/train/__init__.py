@@ -1,0 +1,21 @@
+"""The RL run of chapters 4–7: the trainer and everything it plays against (Report §4, §5, §6.1, §7).
+
+:mod:`mimo_kit.rl` holds the maths as pure functions; this package puts them to work on a policy, a world and the
+rollout machinery of :mod:`mimo_kit.infra`.
+
+| file | idea |
+|---|---|
+| ``trainer`` | the RL loop: collect → grade → advantages → loss → update (``RLConfig``, ``run_rl``) |
+| ``sft`` | the tiny policy and its SFT warm start on the scripted expert |
+| ``student`` | a transformers student as the trainer's policy, optional LoRA |
+| ``toy`` | the worlds: the toy world (``toy.world``), the repo world (``toy.repo``), pool tenants (``toy.pooled``) |
+| ``multi_harness`` | SFT → RL over seeds on the repo world, the per-harness table |
+| ``consistency`` | the same rollouts under QDQ × R3 × top-p replay: the train–inference gap |
+| ``pool_measure`` | the harness pool and the porter measured on toy episodes |
+| ``mopd`` | MOPD² end to end on the toy world: domains, routed teachers, standard and prefix-conditioned OPD |
+| ``mopd_experiment`` | the ``mopd2`` experiment: SFT-only vs mixed RL vs MOPD² over seeds, and its claim check |
+| ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imports TRL) |
+| ``experiments`` | the RL chapters' experiments (``rl``, ``multi_harness``, ``consistency``, ...) over seeds |
+
+Nothing is imported here: each module is imported where it is used (the trainer imports torch, ``trl_grpo`` TRL).
+"""
