@@ -77,7 +77,7 @@ def test_toy_rubric_and_rewards():
         slots.append(s)
     grade(slots)
     sample = group_sample(t.task_id, slots)
-    rewards = lambda cfg: group_advantages([sample], cfg)[0][0]  # noqa: E731
+    rewards = lambda cfg: group_advantages([sample], cfg, cfg.make_world())[0][0]  # noqa: E731
     # products of 1, 1/2 and 1/4: exact in fp32
     assert rewards(RLConfig.preset("toy", advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
     assert rewards(RLConfig.preset("toy", advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
@@ -210,7 +210,7 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     import copy
 
     from mimo_kit.rl.losses import EntropyClipController
-    from mimo_kit.rl.trajectory import Context, Segment
+    from mimo_kit.rl.trajectory import Context, Segment, flatten
     from mimo_kit.train import trainer
 
     model, samples = _played(sft_file)
@@ -229,15 +229,17 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     seen = {}
     real = trainer.ppo_update
 
-    def spy(model, opt, cfg, controller, batch, adv, mask, *rest, **kw):
-        seen.update(batch=batch, adv=adv.clone())
-        return real(model, opt, cfg, controller, batch, adv, mask, *rest, **kw)
+    def spy(model, opt, cfg, controller, x, **kw):
+        seen.update(adv=x.adv.clone(), mask=x.mask.clone())
+        return real(model, opt, cfg, controller, x, **kw)
 
     monkeypatch.setattr(trainer, "ppo_update", spy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    rewards, advs, logs = trainer.group_advantages(samples, cfg)
-    out = trainer.train_step(model, opt, samples, cfg, EntropyClipController.from_config(cfg.clip))
-    batch, adv = seen["batch"], seen["adv"]
+    world = cfg.make_world()
+    rewards, advs, logs = trainer.group_advantages(samples, cfg, world)
+    out = trainer.train_step(model, opt, samples, cfg, EntropyClipController.from_config(cfg.clip), world)
+    batch, adv = flatten(samples, pad_id=world.pad_id), seen["adv"]  # the rows train_step trains (all kept)
+    assert seen["mask"].shape == (batch.shape[0], batch.shape[1] - 1) and adv.shape == (batch.shape[0],)
     n_seq = sum(len(smp.sequences) for smp in samples)
     assert batch.shape[0] == n_seq + split and out["trained_tokens"] > 0 and out["grad_norm"] > 0
     flat = torch.tensor([a for a_s in advs for a in a_s])

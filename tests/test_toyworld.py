@@ -133,7 +133,7 @@ def test_the_trainer_composes_advantages_in_the_one_stated_order():
     styles = ("clean", "needless", "clean", "wrong", "needless", "clean")
     [sample] = play(ScriptedEngine([expert_actions(t, s, rng, retry_prob=0.0) for s in styles]), [t], group_size=6)
     cfg = RLConfig.preset("toy", advantage="gar", length_penalty=True)
-    rewards, advs, logs = group_advantages([sample], cfg)
+    rewards, advs, logs = group_advantages([sample], cfg, cfg.make_world())
     seqs = sample.sequences
     lengths = [sum(len(seg) for seg in q.contexts[0].segments if seg.trainable) for q in seqs]
     ref = sequence_advantages([q.passed for q in seqs], rewards=[q.reward for q in seqs], lengths=lengths,

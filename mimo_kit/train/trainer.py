@@ -289,11 +289,11 @@ def penalty_module(cfg: RLConfig) -> PenaltyModule:
                           (InfrastructureErrorRule(cfg.rules.infra_markers), "monitor")])
 
 
-def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any = None
+def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
                      ) -> tuple[list[list[float]], list[list[float]], list[dict]]:
     """Per sample: effective rewards and per-sequence advantages, composed in the kit's one order
-    (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR)."""
-    world = world or cfg.make_world()
+    (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR). ``world`` grades the groups
+    (GAR's verdict, GRS's rubric): the run's world, passed in, never built here."""
     rewards, advs, logs = [], [], []
     for s in samples:
         seqs = s.sequences
@@ -364,14 +364,26 @@ def slice_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
                                          and getattr(batch, f.name).shape[0] == n})
 
 
-def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController,
-               prepared: tuple[list, list, list] | None = None, world: Any = None, d: Dist | None = None) -> dict:
+@dataclasses.dataclass
+class LossInputs:
+    """What the PPO update reads of one batch: this rank's rows, on the learner's device."""
+
+    adv: torch.Tensor  # [rows] a sequence's advantage per row, or [rows, T−1] per token (segment penalty)
+    mask: torch.Tensor  # [rows, T−1] bool: generated tokens, the loss's targets
+    rollout_lp: torch.Tensor  # [rows, T−1] the rollout engine's logprobs (π_old without TIS)
+    weights: torch.Tensor  # [rows, T−1] aggregation weights of these rows within the whole batch
+    logp: torch.Tensor  # [rows, T−1] the learner's logprobs, with their graph
+    logits: torch.Tensor  # [rows, T−1, V] the learner's logits (for the entropy)
+
+
+def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController, world: Any, *,
+               prepared: tuple[list, list, list] | None = None, d: Dist | None = None) -> dict:
     """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics.
 
+    ``world``: the run's world (its pad id; its grader when the advantages are computed here).
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
     ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
     """
-    world = world or cfg.make_world()
     d = d or Dist(device=next(model.parameters()).device)
     group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
     rewards = [r for rs in group_rewards for r in rs]
@@ -408,8 +420,8 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
         cands = to(batch.topp_candidates) if cfg.topp_replay else None
         with autocast(d.device, resolve_precision(cfg.precision, d.device)):
             logp, logits = policy_logprobs(model, to(batch.input_ids), cfg.temperature, routing, cands)
-        return ppo_update(model, opt, cfg, controller, batch, to(adv), to(mask), to(rollout_lp), logp, logits, out,
-                          weights=to(w), d=d)
+        x = LossInputs(adv=to(adv), mask=to(mask), rollout_lp=to(rollout_lp), weights=to(w), logp=logp, logits=logits)
+        return out | ppo_update(model, opt, cfg, controller, x, d=d)
 
 
 def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, float | None]:
@@ -422,22 +434,20 @@ def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, 
     return {k: float(total[i] / total[-1]) if total[-1] > 0 else None for i, k in enumerate(keys)}
 
 
-def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, logits, out, *,
-               weights: torch.Tensor | None = None, d: Dist | None = None) -> dict:
+def ppo_update(model, opt, cfg: RLConfig, controller: EntropyClipController, x: LossInputs, *,
+               d: Dist | None = None) -> dict:
     """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step.
 
-    ``weights`` [rows, T−1]: the aggregation weights of these rows within the whole batch (default: this batch's
-    own); ``d``: the learner's process group (metrics are summed over its ranks)."""
+    ``d``: the learner's process group (metrics are summed over its ranks)."""
     d = d or Dist()
+    logp, logits, mask, rollout_lp = x.logp, x.logits, x.mask, x.rollout_lp
     old, weight = rollout_lp, torch.ones_like(rollout_lp)
     if cfg.tis:
         old = logp.detach()
         weight = truncated_is_weights(old, rollout_lp, cfg.clip.tis_cap)
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
-    per_tok, stats = ppo_clip_loss(logp, old, adv, cfg.clip.eps_low, eps_high, mask)
-    if weights is None:
-        weights = token_weights(mask, batch.group_ids, cfg.loss_agg)
-    loss = aggregate_loss(per_tok * weight, mask, weights=weights)  # Σ w·ℓ over these rows
+    per_tok, stats = ppo_clip_loss(logp, old, x.adv, cfg.clip.eps_low, eps_high, mask)
+    loss = aggregate_loss(per_tok * weight, mask, weights=x.weights)  # Σ w·ℓ over these rows
     opt.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad],
@@ -456,14 +466,13 @@ def ppo_update(model, opt, cfg, controller, batch, adv, mask, rollout_lp, logp, 
     loads = (load_metrics(d.all_reduce_sum(model.expert_loads().float())) if hasattr(model, "expert_loads")
              else {"cv": [], "max_mean": [], "cold_share": []})
     loss_value = float(d.all_reduce_sum(loss.detach().float()) / d.world_size)
-    out.update(loss=loss_value, grad_norm=to_float(grad_norm), entropy=means["entropy"],
-               clip_low=means["clip_low"], clip_high=means["clip_high"], eps_high=eps_high,
-               trained_tokens=int(d.all_reduce_sum(torch.tensor(n))),
-               mismatch_abs_dlogp=means["mean_abs_dlogp"], mismatch_k3=means["k3_kl"],
-               load_cv=[round(float(x), 4) for x in loads["cv"]],
-               load_max_mean=[round(float(x), 4) for x in loads["max_mean"]],
-               load_cold_share=[round(float(x), 4) for x in loads["cold_share"]])
-    return out
+    return dict(loss=loss_value, grad_norm=to_float(grad_norm), entropy=means["entropy"],
+                clip_low=means["clip_low"], clip_high=means["clip_high"], eps_high=eps_high,
+                trained_tokens=int(d.all_reduce_sum(torch.tensor(n))),
+                mismatch_abs_dlogp=means["mean_abs_dlogp"], mismatch_k3=means["k3_kl"],
+                load_cv=[round(float(v), 4) for v in loads["cv"]],
+                load_max_mean=[round(float(v), 4) for v in loads["max_mean"]],
+                load_cold_share=[round(float(v), 4) for v in loads["cold_share"]])
 
 
 def rollout_metrics(samples: list[Sample]) -> dict:
@@ -483,14 +492,13 @@ def rollout_metrics(samples: list[Sample]) -> dict:
             "format_errors": statistics.mean(q.metadata.get("format_errors", 0) for q in seqs)}
 
 
-def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any = None, seed_offset: int = 0) -> dict:
+def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: int = 0) -> dict:
     """pass@1 (sampled at the training temperature) on the held-out tasks; the engine's RNG is saved and restored.
 
     In the repo world every held-out task is played in every evaluation harness: ``pass_rate`` is over the training
     harnesses, ``heldout_harness_pass`` over the held-out ones, ``harnesses`` the per-harness table."""
     if cfg.eval_tasks == 0:
         return {}
-    world = world or cfg.make_world()
     local = hasattr(engine, "rng_state")  # a remote engine seeds each request itself
     if local:
         state = engine.rng_state()
@@ -527,7 +535,7 @@ class Collected:
     sources: dict[str, Any] | None = None  # with the Mixer: per-source counts (Report §6)
 
 
-def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any = None) -> Collected:
+def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
     """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
 
     The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
@@ -594,7 +602,7 @@ def make_mixer(cfg: RLConfig, pool: list) -> tuple[SampleMixer, dict[str, list]]
     return SampleMixer(names, split_targets(cfg.prompts, len(names)), cfg.mixing), {n: pools[n] for n in names}
 
 
-def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any = None) -> Collected:
+def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any) -> Collected:
     """One step's batch through the Mixer: replayed groups first (only after a start or resume), then rounds in
     which sources are drawn by scheduling weight up to their budgets (1 + p_i)·B_i / r_i, until every source has
     its B_i groups with signal or ``refill_rounds`` refills are spent. ``roll_from(names)`` → one group per name.
@@ -607,8 +615,8 @@ def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any 
     prepared: tuple[list, list, list] = ([], [], [])
     per = {"drawn": [0] * len(mixer.names), "trained": [0] * len(mixer.names)}
 
-    def add(samples: list[Sample], into: list[bool]) -> None:
-        rew, adv, logs = group_advantages(samples, cfg, world)
+    def add(samples: list[Sample], into: list[bool], graded: tuple[list, list, list] | None = None) -> None:
+        rew, adv, logs = graded or group_advantages(samples, cfg, world)
         for g, smp in enumerate(samples):
             if into[g]:
                 batch.append(smp)
@@ -636,11 +644,12 @@ def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any 
         mixer.in_flight[:] = 0  # synchronous: every group of the round has come back (or was dropped)
         dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
         drawn += new
-        rew = group_advantages(new, cfg, world)[0]
+        graded = group_advantages(new, cfg, world)  # once per group: the keep decision and the batch both read it
         keep = set(range(len(new)))
         if cfg.dynamic_sampling:
             gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
-            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+            keep = set(dynamic_sampling([r for rs in graded[0] for r in rs], gids,
+                                        tol=cfg.sampling.reward_tol).keep_groups)
         signal += len(keep)
         into = []
         for g, smp in enumerate(new):
@@ -650,7 +659,7 @@ def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any 
             into.append(mixer.on_complete(i, smp, g in keep, sum(generated_tokens(q) for q in smp.sequences),
                                           sum(len(seg) for q in smp.sequences for c in q.contexts
                                               for seg in c.segments)))
-        add(new, into)
+        add(new, into, graded)
         if rounds >= cfg.refill_rounds:
             break
         rounds += 1
@@ -705,12 +714,11 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
     return InProcessEngine(full, seed=cfg.seed, copy_weights=False)
 
 
-def warm_start(cfg: RLConfig, out: Path, world: Any = None, d: Dist | None = None):
+def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
     """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else from the cache of warm starts
     (:mod:`mimo_kit.cache`: another run of the same config trained it), else trained and saved to both.
 
     Returns the policy on the learner's device, sharded when the run shards (SFT then trains sharded too)."""
-    world = world or cfg.make_world()
     d = d or Dist()
     if cfg.student.model:  # a distilled transformers student: SFT happened in distill-sft (Report §7)
         from mimo_kit.train.student import load_student
@@ -865,7 +873,7 @@ def run_rl(cfg: RLConfig) -> dict:
             lag = version_lag(got.batch, engine.policy_version) if d.is_main else None
             t1 = time.perf_counter()
             batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
-            trained = train_step(model, opt, batch, cfg, controller, prepared, world, d)
+            trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d)
             sync_weights(engine, model, step + 1, cfg)
             if d.is_main:
                 row = {"step": step + 1, **rollout_metrics(got.drawn), **lag, **trained}
