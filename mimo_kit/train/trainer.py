@@ -276,7 +276,156 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-# ---- advantages and the loss ----------------------------------------------------------------------------------
+# ---- one step's rollouts: over-sampling and refill (Report §4.1) ----------------------------------------------
+@dataclasses.dataclass
+class Collected:
+    """A step's rollouts: every group drawn, and the batch the step trains on with its prepared advantages."""
+
+    drawn: list[Sample]
+    batch: list[Sample]
+    prepared: tuple[list, list, list]
+    rounds: int
+    signal: int  # groups drawn whose rewards carry signal
+    dropped: int  # sequences dropped for infrastructure errors
+    findings: int  # recorded model errors the penalty module saw
+    sources: dict[str, Any] | None = None  # with the Mixer: per-source counts (Report §6)
+
+
+def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
+    """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
+
+    The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
+    seen last step (``state["keep_rate"]``), so the batch fills ``sampling.confidence`` of the time; then up to
+    ``refill_rounds`` more rounds draw for what is missing. Without dynamic sampling one round of ``prompts``.
+    ``roll(n)`` → n new groups (the synchronous driver or the partial-rollout buffer).
+    """
+    module = penalty_module(cfg)
+    need = cfg.prompts
+    n = prompts_to_draw(need, state["keep_rate"], cfg.sampling.confidence) if cfg.dynamic_sampling else need
+    drawn: list[Sample] = []
+    batch: list[Sample] = []
+    prepared: tuple[list, list, list] = ([], [], [])
+    rounds = dropped = findings = signal = 0
+    while True:
+        new, report = module.apply(roll(n))
+        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
+        drawn += new
+        rew, adv, logs = group_advantages(new, cfg, world)
+        keep = set(range(len(new)))
+        if cfg.dynamic_sampling:
+            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
+            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+        signal += len(keep)
+        for g in sorted(keep):
+            if len(batch) < need or not cfg.dynamic_sampling:
+                batch.append(new[g])
+                prepared[0].append(rew[g])
+                prepared[1].append(adv[g])
+                prepared[2].append(logs[g])
+        if not cfg.dynamic_sampling or len(batch) >= need or rounds >= cfg.refill_rounds:
+            break
+        rounds += 1
+        rate = max(len(batch) / max(len(drawn), 1), 0.05)
+        n = prompts_to_draw(need - len(batch), rate, cfg.sampling.confidence)
+    if cfg.dynamic_sampling and drawn:
+        state["keep_rate"] = max(min(signal / len(drawn), 1.0), 0.05)
+    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings)
+
+
+# ---- one step's rollouts through the Sample Mixer (Report §6) -----------------------------------------------------
+def task_source(task: Any) -> str:
+    """A task's Mixer source: its bug family (repo world) or the line its bug is on (toy world)."""
+    family = getattr(task, "family", None)
+    return family if family else f"line{task.bug_line}"
+
+
+def sample_source(sample: Sample) -> str:
+    """The Mixer source of a rolled-out group, from its metadata (the repo world's family, the toy task's line)."""
+    meta = sample.metadata
+    return meta["family"] if meta.get("family") else f"line{meta['task']['bug_line']}"
+
+
+def make_mixer(cfg: RLConfig, pool: list) -> tuple[SampleMixer, dict[str, list]]:
+    """The run's Mixer over ``cfg.sources`` (default: every source in the pool), each with an even share of the
+    batch, and the pool split by source."""
+    pools: dict[str, list] = {}
+    for t in pool:
+        pools.setdefault(task_source(t), []).append(t)
+    names = list(cfg.sources) or sorted(pools)
+    missing = [n for n in names if n not in pools]
+    if missing:
+        raise ConfigError(f"RLConfig.sources: {missing!r} have no tasks; the pool's sources are {sorted(pools)}")
+    return SampleMixer(names, split_targets(cfg.prompts, len(names)), cfg.mixing), {n: pools[n] for n in names}
+
+
+def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any) -> Collected:
+    """One step's batch through the Mixer: replayed groups first (only after a start or resume), then rounds in
+    which sources are drawn by scheduling weight up to their budgets (1 + p_i)·B_i / r_i, until every source has
+    its B_i groups with signal or ``refill_rounds`` refills are spent. ``roll_from(names)`` → one group per name.
+
+    A group's duration is its generated tokens and its KV need its total tokens (deterministic, so a resume
+    reproduces the run); ``mixing.kv_tokens`` > 0 caps one round's estimated KV (predictive dispatch)."""
+    module = penalty_module(cfg)
+    drawn: list[Sample] = []
+    batch: list[Sample] = []
+    prepared: tuple[list, list, list] = ([], [], [])
+    per = {"drawn": [0] * len(mixer.names), "trained": [0] * len(mixer.names)}
+
+    def add(samples: list[Sample], into: list[bool], graded: tuple[list, list, list] | None = None) -> None:
+        rew, adv, logs = graded or group_advantages(samples, cfg, world)
+        for g, smp in enumerate(samples):
+            if into[g]:
+                batch.append(smp)
+                prepared[0].append(rew[g])
+                prepared[1].append(adv[g])
+                prepared[2].append(logs[g])
+                per["trained"][mixer.names.index(sample_source(smp))] += 1
+
+    replayed = [g for _, g in mixer.take_replay()]
+    if replayed:
+        add(replayed, [True] * len(replayed))
+    rounds = dropped = findings = signal = 0
+    while not mixer.done():
+        plan: list[int] = []
+        used = 0.0
+        while (i := mixer.next_source()) is not None:
+            if cfg.mixing.kv_tokens and plan and not mixer.admit(i, cfg.mixing.kv_tokens - used):
+                break
+            used += float(mixer.kv_estimates()[i])
+            mixer.on_dispatch(i)
+            plan.append(i)
+        if not plan:
+            break
+        new, report = module.apply(roll_from([mixer.names[i] for i in plan]))
+        mixer.in_flight[:] = 0  # synchronous: every group of the round has come back (or was dropped)
+        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
+        drawn += new
+        graded = group_advantages(new, cfg, world)  # once per group: the keep decision and the batch both read it
+        keep = set(range(len(new)))
+        if cfg.dynamic_sampling:
+            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
+            keep = set(dynamic_sampling([r for rs in graded[0] for r in rs], gids,
+                                        tol=cfg.sampling.reward_tol).keep_groups)
+        signal += len(keep)
+        into = []
+        for g, smp in enumerate(new):
+            i = mixer.names.index(sample_source(smp))
+            per["drawn"][i] += 1
+            mixer.in_flight[i] += 1
+            into.append(mixer.on_complete(i, smp, g in keep, sum(generated_tokens(q) for q in smp.sequences),
+                                          sum(len(seg) for q in smp.sequences for c in q.contexts
+                                              for seg in c.segments)))
+        add(new, into, graded)
+        if rounds >= cfg.refill_rounds:
+            break
+        rounds += 1
+    mixer.end_step()
+    counts = {"source_drawn": dict(zip(mixer.names, per["drawn"])),
+              "source_trained": dict(zip(mixer.names, per["trained"])), "replayed": len(replayed)}
+    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings, counts)
+
+
+# ---- grading: rewards and advantages (Report §4.3, §5, §6.1) ------------------------------------------------------
 def generated_tokens(seq) -> int:
     """Tokens the policy generated in a sequence, over all its contexts (what the length penalty measures)."""
     return sum(len(seg) for c in seq.contexts for seg in c.segments if seg.trainable)
@@ -311,6 +460,7 @@ def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
     return rewards, advs, logs
 
 
+# ---- the loss and the update (Report §5, §6.1) --------------------------------------------------------------------
 def policy_logprobs(model: torch.nn.Module, input_ids: torch.Tensor, temperature: float,
                     routing: torch.Tensor | None = None,
                     candidates: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -475,6 +625,7 @@ def ppo_update(model, opt, cfg: RLConfig, controller: EntropyClipController, x: 
                 load_cold_share=[round(float(v), 4) for v in loads["cold_share"]])
 
 
+# ---- held-out evaluation ------------------------------------------------------------------------------------------
 def rollout_metrics(samples: list[Sample]) -> dict:
     """Means over the batch's sequences: reward, pass rate, generated tokens, turns, and the toy world's needless
     edits and format errors (0 for episodes that do not record them)."""
@@ -518,155 +669,6 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: in
                                         if q.metadata.get("family") == f)
                      for f in sorted({q.metadata.get("family") for s in samples for q in s.sequences} - {None})}
     return m
-
-
-# ---- one step's rollouts: over-sampling and refill (Report §4.1) ----------------------------------------------
-@dataclasses.dataclass
-class Collected:
-    """A step's rollouts: every group drawn, and the batch the step trains on with its prepared advantages."""
-
-    drawn: list[Sample]
-    batch: list[Sample]
-    prepared: tuple[list, list, list]
-    rounds: int
-    signal: int  # groups drawn whose rewards carry signal
-    dropped: int  # sequences dropped for infrastructure errors
-    findings: int  # recorded model errors the penalty module saw
-    sources: dict[str, Any] | None = None  # with the Mixer: per-source counts (Report §6)
-
-
-def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
-    """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
-
-    The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
-    seen last step (``state["keep_rate"]``), so the batch fills ``sampling.confidence`` of the time; then up to
-    ``refill_rounds`` more rounds draw for what is missing. Without dynamic sampling one round of ``prompts``.
-    ``roll(n)`` → n new groups (the synchronous driver or the partial-rollout buffer).
-    """
-    module = penalty_module(cfg)
-    need = cfg.prompts
-    n = prompts_to_draw(need, state["keep_rate"], cfg.sampling.confidence) if cfg.dynamic_sampling else need
-    drawn: list[Sample] = []
-    batch: list[Sample] = []
-    prepared: tuple[list, list, list] = ([], [], [])
-    rounds = dropped = findings = signal = 0
-    while True:
-        new, report = module.apply(roll(n))
-        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
-        drawn += new
-        rew, adv, logs = group_advantages(new, cfg, world)
-        keep = set(range(len(new)))
-        if cfg.dynamic_sampling:
-            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
-            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
-        signal += len(keep)
-        for g in sorted(keep):
-            if len(batch) < need or not cfg.dynamic_sampling:
-                batch.append(new[g])
-                prepared[0].append(rew[g])
-                prepared[1].append(adv[g])
-                prepared[2].append(logs[g])
-        if not cfg.dynamic_sampling or len(batch) >= need or rounds >= cfg.refill_rounds:
-            break
-        rounds += 1
-        rate = max(len(batch) / max(len(drawn), 1), 0.05)
-        n = prompts_to_draw(need - len(batch), rate, cfg.sampling.confidence)
-    if cfg.dynamic_sampling and drawn:
-        state["keep_rate"] = max(min(signal / len(drawn), 1.0), 0.05)
-    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings)
-
-
-# ---- one step's rollouts through the Sample Mixer (Report §6) -----------------------------------------------------
-def task_source(task: Any) -> str:
-    """A task's Mixer source: its bug family (repo world) or the line its bug is on (toy world)."""
-    family = getattr(task, "family", None)
-    return family if family else f"line{task.bug_line}"
-
-
-def sample_source(sample: Sample) -> str:
-    """The Mixer source of a rolled-out group, from its metadata (the repo world's family, the toy task's line)."""
-    meta = sample.metadata
-    return meta["family"] if meta.get("family") else f"line{meta['task']['bug_line']}"
-
-
-def make_mixer(cfg: RLConfig, pool: list) -> tuple[SampleMixer, dict[str, list]]:
-    """The run's Mixer over ``cfg.sources`` (default: every source in the pool), each with an even share of the
-    batch, and the pool split by source."""
-    pools: dict[str, list] = {}
-    for t in pool:
-        pools.setdefault(task_source(t), []).append(t)
-    names = list(cfg.sources) or sorted(pools)
-    missing = [n for n in names if n not in pools]
-    if missing:
-        raise ConfigError(f"RLConfig.sources: {missing!r} have no tasks; the pool's sources are {sorted(pools)}")
-    return SampleMixer(names, split_targets(cfg.prompts, len(names)), cfg.mixing), {n: pools[n] for n in names}
-
-
-def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any) -> Collected:
-    """One step's batch through the Mixer: replayed groups first (only after a start or resume), then rounds in
-    which sources are drawn by scheduling weight up to their budgets (1 + p_i)·B_i / r_i, until every source has
-    its B_i groups with signal or ``refill_rounds`` refills are spent. ``roll_from(names)`` → one group per name.
-
-    A group's duration is its generated tokens and its KV need its total tokens (deterministic, so a resume
-    reproduces the run); ``mixing.kv_tokens`` > 0 caps one round's estimated KV (predictive dispatch)."""
-    module = penalty_module(cfg)
-    drawn: list[Sample] = []
-    batch: list[Sample] = []
-    prepared: tuple[list, list, list] = ([], [], [])
-    per = {"drawn": [0] * len(mixer.names), "trained": [0] * len(mixer.names)}
-
-    def add(samples: list[Sample], into: list[bool], graded: tuple[list, list, list] | None = None) -> None:
-        rew, adv, logs = graded or group_advantages(samples, cfg, world)
-        for g, smp in enumerate(samples):
-            if into[g]:
-                batch.append(smp)
-                prepared[0].append(rew[g])
-                prepared[1].append(adv[g])
-                prepared[2].append(logs[g])
-                per["trained"][mixer.names.index(sample_source(smp))] += 1
-
-    replayed = [g for _, g in mixer.take_replay()]
-    if replayed:
-        add(replayed, [True] * len(replayed))
-    rounds = dropped = findings = signal = 0
-    while not mixer.done():
-        plan: list[int] = []
-        used = 0.0
-        while (i := mixer.next_source()) is not None:
-            if cfg.mixing.kv_tokens and plan and not mixer.admit(i, cfg.mixing.kv_tokens - used):
-                break
-            used += float(mixer.kv_estimates()[i])
-            mixer.on_dispatch(i)
-            plan.append(i)
-        if not plan:
-            break
-        new, report = module.apply(roll_from([mixer.names[i] for i in plan]))
-        mixer.in_flight[:] = 0  # synchronous: every group of the round has come back (or was dropped)
-        dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
-        drawn += new
-        graded = group_advantages(new, cfg, world)  # once per group: the keep decision and the batch both read it
-        keep = set(range(len(new)))
-        if cfg.dynamic_sampling:
-            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
-            keep = set(dynamic_sampling([r for rs in graded[0] for r in rs], gids,
-                                        tol=cfg.sampling.reward_tol).keep_groups)
-        signal += len(keep)
-        into = []
-        for g, smp in enumerate(new):
-            i = mixer.names.index(sample_source(smp))
-            per["drawn"][i] += 1
-            mixer.in_flight[i] += 1
-            into.append(mixer.on_complete(i, smp, g in keep, sum(generated_tokens(q) for q in smp.sequences),
-                                          sum(len(seg) for q in smp.sequences for c in q.contexts
-                                              for seg in c.segments)))
-        add(new, into, graded)
-        if rounds >= cfg.refill_rounds:
-            break
-        rounds += 1
-    mixer.end_step()
-    counts = {"source_drawn": dict(zip(mixer.names, per["drawn"])),
-              "source_trained": dict(zip(mixer.names, per["trained"])), "replayed": len(replayed)}
-    return Collected(drawn, batch, prepared, rounds, signal, dropped, findings, counts)
 
 
 # ---- the run ----------------------------------------------------------------------------------------------------
