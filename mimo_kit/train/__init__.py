@@ -15,7 +15,7 @@ rollout machinery of :mod:`mimo_kit.infra`.
 | ``mopd`` | MOPD² end to end on the toy world: domains, routed teachers, standard and prefix-conditioned OPD |
 | ``mopd_experiment`` | the ``mopd2`` experiment: SFT-only vs mixed RL vs MOPD² over seeds, and its claim check |
 | ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imports TRL) |
-| ``experiments`` | the RL chapters' experiments (``rl``, ``multi_harness``, ``consistency``, ...) over seeds |
+| ``experiments`` | ``rl``, chapter 5a's four ``rl-*`` ablations over seeds, ``rl-multi-harness``, ``consistency`` |
 
 Nothing is imported here: each module is imported where it is used (the trainer imports torch, ``trl_grpo`` TRL).
 """
