@@ -46,7 +46,7 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from mimo_kit.dist import world_from_env
+    from mimo_kit.dist import close_distributed, world_from_env
     from mimo_kit.launch import DISTRIBUTED
 
     exp, cfg = _config(args)
@@ -67,6 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
         print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
     result = exp(cfg)
+    if world > 1:  # on success only: a rank that raised leaves at once and torchrun stops the others
+        close_distributed()
     if not main:
         return 0
     text = json.dumps(_jsonable(result), indent=2)

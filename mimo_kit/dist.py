@@ -147,6 +147,16 @@ def init_distributed(device: str = "auto", fsdp: str = "auto", timeout_s: float 
     return Dist(rank, world, local, dev, group=dist.is_initialized())
 
 
+def close_distributed() -> None:
+    """Leave the job together: a barrier, then close the process group (no-op outside one).
+
+    A rank that exits while another still works (rank 0's last evaluation) would tear gloo's threads down under
+    a live connection, and the C++ runtime aborts the process; every rank waits here for the slowest first."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def free_port() -> int:
     """A free TCP port on the loopback (the OS picks it): for a rendezvous, a server, a test's listener."""
     import socket

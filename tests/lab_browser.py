@@ -12,7 +12,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+
+from mimo_kit.dist import free_port
 
 # The page's view of the current notebook, read from the exposed application (``--LabApp.expose_app_in_browser``):
 # JupyterLab renders an ``error`` output, like a stream on stderr, as a ``.jp-OutputArea-output`` with
@@ -65,12 +66,6 @@ return [...panel.node.querySelectorAll(
 """
 
 PROMPT = re.compile(r"\[\d+\]:")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Fatal(RuntimeError):

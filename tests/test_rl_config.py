@@ -33,7 +33,7 @@ def test_unpublished_constants_are_named_fields():
     for key in ["gar.tier_decay", "gar.min_factor", "gar.max_scale", "gar.recenter", "length.scale",
                 "length.tolerance", "length.cap", "length.gate", "segment.kappa", "segment.alpha_max",
                 "segment.beta_min", "clip.entropy_target", "clip.entropy_gain", "clip.eps_high_min",
-                "clip.eps_high_max", "clip.tis_cap", "advantage.eps", "sampling.confidence", "rules.max_repeats"]:
+                "clip.eps_high_max", "clip.tis_cap", "grpo.eps", "sampling.confidence", "rules.max_repeats"]:
         assert key in names, key
 
 
@@ -44,8 +44,8 @@ def _defaults_of(fn):
 def test_function_defaults_come_from_the_config():
     """One source of truth: each function's default equals its config field's default."""
     d = rlc.RLMathConfig()
-    assert _defaults_of(rl.grpo_advantages) == {"scale_std": d.advantage.scale_std, "eps": d.advantage.eps,
-                                                "std_correction": d.advantage.std_correction}
+    assert _defaults_of(rl.grpo_advantages) == {"scale_std": d.grpo.scale_std, "eps": d.grpo.eps,
+                                                "std_correction": d.grpo.std_correction}
     assert _defaults_of(rl.length_penalty) == {"scale": d.length.scale, "tolerance": d.length.tolerance,
                                                "cap": d.length.cap, "gate": d.length.gate,
                                                "reference": d.length.reference}

@@ -181,7 +181,7 @@ def test_every_rl_maths_constant_is_an_override_of_the_run(tmp_path, sft_file, c
     cfg = RLConfig.preset("tiny").override(["gar.tier_decay=0.5", "length.scale=0.3", "segment.kappa=3",
                                             "grpo.scale_std=false", "sampling.confidence=0.5"])
     m = cfg.math
-    assert (m.gar.tier_decay, m.length.scale, m.segment.kappa, m.advantage.scale_std, m.sampling.confidence) == (
+    assert (m.gar.tier_decay, m.length.scale, m.segment.kappa, m.grpo.scale_std, m.sampling.confidence) == (
         0.5, 0.3, 3.0, False, 0.5)
     with pytest.raises(ConfigError, match="tier_decayy"):
         RLConfig.preset("tiny").override(["gar.tier_decayy=0.5"])

@@ -28,7 +28,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer  # noqa: E402
 
 from mimo_kit.config.base import ConfigError  # noqa: E402
 from mimo_kit.rl import (  # noqa: E402
-    AdvantageConfig,
+    GRPOConfig,
     RLMathConfig,
     aggregate_loss,
     ppo_clip_loss,
@@ -191,8 +191,8 @@ AGG = [("token-mean", "bnpo"), ("token-mean", "dapo"), ("seq-mean", "grpo"), ("s
 
 def _kit(variant: str, loss_agg: str) -> KitGRPOConfig:
     v = dict(VARIANTS[variant])
-    adv = AdvantageConfig(scale_std=v.pop("scale_std", True))
-    return KitGRPOConfig(math=RLMathConfig(advantage=adv, loss_agg=loss_agg), **v)
+    adv = GRPOConfig(scale_std=v.pop("scale_std", True))
+    return KitGRPOConfig(math=RLMathConfig(grpo=adv, loss_agg=loss_agg), **v)
 
 
 @pytest.mark.parametrize(("loss_agg", "loss_type"), AGG)

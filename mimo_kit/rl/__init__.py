@@ -34,9 +34,9 @@ from mimo_kit.rl.advantages import (
 from mimo_kit.rl.aggregation import MODES, aggregate_loss, group_weight, token_weights
 from mimo_kit.rl.compose import STAGES, sequence_advantages, token_advantages
 from mimo_kit.rl.config import (
-    AdvantageConfig,
     ClipConfig,
     GARConfig,
+    GRPOConfig,
     LengthPenaltyConfig,
     PenaltyRulesConfig,
     RLMathConfig,
@@ -90,8 +90,8 @@ from mimo_kit.rl.trajectory import (
 )
 
 __all__ = [
-    "AdvantageConfig", "BrokenMarkupRule", "ClipConfig", "Context", "EntropyClipController", "Finding", "GARConfig",
-    "GARResult", "InfrastructureErrorRule", "LengthPenaltyConfig", "MODES", "MalformedArgumentsRule",
+    "BrokenMarkupRule", "ClipConfig", "Context", "EntropyClipController", "Finding", "GARConfig",
+    "GARResult", "GRPOConfig", "InfrastructureErrorRule", "LengthPenaltyConfig", "MODES", "MalformedArgumentsRule",
     "PenaltyModule", "PenaltyReport", "PenaltyRulesConfig", "RLMathConfig", "RecordedErrorRule",
     "RepeatedActionRule", "STAGES", "Sample", "SamplingConfig", "SamplingResult", "Segment", "SegmentPenaltyConfig",
     "Sequence", "TrainBatch", "TrajectoryError", "UnknownToolRule", "VerdictError", "aggregate_loss",

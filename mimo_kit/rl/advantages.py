@@ -2,7 +2,7 @@
 
 GRPO (Report §5) normalises each reward within its rollout group:
 
-    A_i = (r_i − mean_g r) / (std_g r + ε)          (std scaling switchable; ε = ``AdvantageConfig.eps``)
+    A_i = (r_i − mean_g r) / (std_g r + ε)          (std scaling switchable; ε = ``GRPOConfig.eps``)
 
 GRS (Report §4.3, offline rubric synthesis) makes all-pass groups informative:
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from mimo_kit.rl.config import ADV, GAR
+from mimo_kit.rl.config import GAR, GRPO
 
 
 def _vector(x: Any, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -41,8 +41,8 @@ def _vector(x: Any, name: str, dtype: torch.dtype = torch.float32) -> torch.Tens
     return t.to(dtype) if dtype != torch.bool else t
 
 
-def grpo_advantages(rewards: torch.Tensor | Sequence[float], scale_std: bool = ADV.scale_std, *,
-                    eps: float = ADV.eps, std_correction: int = ADV.std_correction) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor | Sequence[float], scale_std: bool = GRPO.scale_std, *,
+                    eps: float = GRPO.eps, std_correction: int = GRPO.std_correction) -> torch.Tensor:
     """GRPO group-normalised advantages (Report §5). ``rewards`` [G] → [G], or [groups, G] → [groups, G].
 
     A_i = (r_i − mean_g r) / (std_g r + ε) with ``scale_std``; A_i = r_i − mean_g r without.
@@ -227,7 +227,7 @@ def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: f
 
 
 def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, group_id: str | None = None, *,
-                   cfg: Any = None, scale_std: bool = ADV.scale_std, practical: bool = True,
+                   cfg: Any = None, scale_std: bool = GRPO.scale_std, practical: bool = True,
                    shape_rewards: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> GARResult:
     """The online GAR step for one group (Report §4.3). ``rewards``/``passed`` [G], ``ids`` G trajectory ids.
 

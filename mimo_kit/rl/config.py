@@ -16,7 +16,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 
 
 @dataclasses.dataclass
-class AdvantageConfig(Config):
+class GRPOConfig(Config):
     """GRPO group-normalised advantages (Report §5: the RL algorithm is GRPO)."""
 
     scale_std: bool = knob(True, "GRPO divides by the group std; Dr. GRPO-style runs switch it off")
@@ -135,7 +135,7 @@ class PenaltyRulesConfig(Config):
 class RLMathConfig(Config):
     """All constants of the RL math in one place (each section is also usable alone)."""
 
-    advantage: AdvantageConfig = knob(default_factory=AdvantageConfig, why="GRPO advantages")
+    grpo: GRPOConfig = knob(default_factory=GRPOConfig, why="GRPO advantages (GAR and GRS build on them)")
     gar: GARConfig = knob(default_factory=GARConfig, why="groupwise advantage redistribution")
     length: LengthPenaltyConfig = knob(default_factory=LengthPenaltyConfig, why="group-relative length penalty")
     segment: SegmentPenaltyConfig = knob(default_factory=SegmentPenaltyConfig, why="segment behaviour penalty")
@@ -149,7 +149,7 @@ class RLMathConfig(Config):
 
 
 #: Defaults read by the pure functions (one source of truth).
-ADV = AdvantageConfig()
+GRPO = GRPOConfig()
 GAR = GARConfig()
 LENGTH = LengthPenaltyConfig()
 SEGMENT = SegmentPenaltyConfig()

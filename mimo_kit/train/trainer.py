@@ -30,9 +30,18 @@ One step (Report §5's recipe at toy scale):
 7. AdamW step with gradient-norm clip 1.0; the router frozen by default (Report §5.4);
 8. the new weights go to the engine (``update_weights``), policy version + 1.
 
-Departures from the report, on purpose: AdamW instead of Muown (the toy model is tiny and AdamW is the baseline
-TRL uses too), one PPO epoch per batch (so π_old = π_rollout up to numerics), synchronous rollouts unless
-``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs asynchronous partial rollouts).
+Departures from the report, on purpose:
+
+- AdamW instead of Muown by default (the toy model is tiny and AdamW is the baseline TRL uses too;
+  ``optimizer="muown"`` runs the report's);
+- one PPO epoch per batch, so π_old = π_rollout up to numerics and the clip acts only on stale tokens;
+- synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts);
+- rank 0 plays every rollout in the learner's process on one engine (or one server at ``engine_url``); the
+  report's disaggregated engines, harness pool and porter run beside the trainer (chapter 6), not inside it yet.
+
+The run (:func:`run_rl`) reads top to bottom: world → SFT warm start → engine → resume or evaluate → for each
+step: :meth:`TaskStream.gather` (collect, grade, advantages) → :func:`train_step` (loss, update) → weight sync →
+metrics and checkpoint → final evaluation.
 
 Every step appends one JSON line to ``metrics.jsonl``; a checkpoint (model, optimiser, engine weights, every RNG,
 controller state) is written atomically every ``checkpoint_every`` steps and a rerun in the same ``out_dir``
@@ -90,9 +99,9 @@ from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
 from mimo_kit.rl.aggregation import aggregate_loss, token_weights
 from mimo_kit.rl.compose import sequence_advantages, token_advantages
 from mimo_kit.rl.config import (
-    AdvantageConfig,
     ClipConfig,
     GARConfig,
+    GRPOConfig,
     LengthPenaltyConfig,
     PenaltyRulesConfig,
     RLMathConfig,
@@ -132,7 +141,7 @@ class RLConfig(Config):
     sft: SFTConfig = knob(default_factory=lambda: SFTConfig(steps=250),
                           why="250 steps over the expert's harness traces: SFT loss ~0.1, pass@1 ~0.3")
     clip: ClipConfig = knob(default_factory=ClipConfig, why="PPO clip, entropy controller, TIS cap, grad clip")
-    grpo: AdvantageConfig = knob(default_factory=AdvantageConfig, why="GRPO's std scaling and ε (Report §5)")
+    grpo: GRPOConfig = knob(default_factory=GRPOConfig, why="GRPO's std scaling and ε (Report §5)")
     gar: GARConfig = knob(default_factory=GARConfig, why="GAR's quality-factor schedule and cap (Report §4.3)")
     length: LengthPenaltyConfig = knob(default_factory=LengthPenaltyConfig,
                                        why="the group-relative length penalty's constants (Report §4.3)")
@@ -246,7 +255,7 @@ class RLConfig(Config):
     @property
     def math(self) -> RLMathConfig:
         """Every constant of the RL maths this run uses, as one :class:`RLMathConfig` (same objects)."""
-        return RLMathConfig(advantage=self.grpo, gar=self.gar, length=self.length, segment=self.segment,
+        return RLMathConfig(grpo=self.grpo, gar=self.gar, length=self.length, segment=self.segment,
                             clip=self.clip, sampling=self.sampling, rules=self.rules, loss_agg=self.loss_agg)
 
     def make_world(self) -> ToyWorld | RepoWorld:
@@ -291,6 +300,15 @@ class Collected:
     sources: dict[str, Any] | None = None  # with the Mixer: per-source counts (Report §6)
 
 
+def groups_with_signal(samples: list[Sample], rewards: list[list[float]], cfg: RLConfig) -> set[int]:
+    """Dynamic sampling (Report §4.1), the run's one place for it: the indices of the groups whose rewards are not
+    all equal (within ``sampling.reward_tol``); every group when ``dynamic_sampling`` is off."""
+    if not cfg.dynamic_sampling:
+        return set(range(len(samples)))
+    gids = [g for g, smp in enumerate(samples) for _ in smp.sequences]
+    return set(dynamic_sampling([r for rs in rewards for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+
+
 def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
     """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
 
@@ -311,10 +329,7 @@ def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> C
         dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
         drawn += new
         rew, adv, logs = group_advantages(new, cfg, world)
-        keep = set(range(len(new)))
-        if cfg.dynamic_sampling:
-            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
-            keep = set(dynamic_sampling([r for rs in rew for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
+        keep = groups_with_signal(new, rew, cfg)
         signal += len(keep)
         for g in sorted(keep):
             if len(batch) < need or not cfg.dynamic_sampling:
@@ -401,11 +416,7 @@ def collect_mixed(cfg: RLConfig, mixer: SampleMixer, roll_from: Any, world: Any)
         dropped, findings = dropped + len(report.dropped), findings + len(report.findings)
         drawn += new
         graded = group_advantages(new, cfg, world)  # once per group: the keep decision and the batch both read it
-        keep = set(range(len(new)))
-        if cfg.dynamic_sampling:
-            gids = [g for g, smp in enumerate(new) for _ in smp.sequences]
-            keep = set(dynamic_sampling([r for rs in graded[0] for r in rs], gids,
-                                        tol=cfg.sampling.reward_tol).keep_groups)
+        keep = groups_with_signal(new, graded[0], cfg)
         signal += len(keep)
         into = []
         for g, smp in enumerate(new):
@@ -528,33 +539,29 @@ class LossInputs:
 
 def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController, world: Any, *,
                prepared: tuple[list, list, list] | None = None, d: Dist | None = None) -> dict:
-    """Advantages → dynamic sampling → PPO loss → optimiser step. Returns the step's training metrics.
+    """PPO loss → optimiser step on ``samples`` as given (collection already kept the groups with signal).
+    Returns the step's training metrics.
 
     ``world``: the run's world (its pad id; its grader when the advantages are computed here).
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
     ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
     """
     d = d or Dist(device=next(model.parameters()).device)
-    group_rewards, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
-    rewards = [r for rs in group_rewards for r in rs]
-    gids = [g for g, s in enumerate(samples) for _ in s.sequences]
-    keep = (dynamic_sampling(rewards, gids, tol=cfg.sampling.reward_tol) if cfg.dynamic_sampling else None)
-    kept = [g for g in range(len(samples)) if keep is None or g in keep.keep_groups]
-    out: dict[str, Any] = {"kept_fraction": len(kept) / len(samples) if samples else 0.0,
-                           "gar_fallbacks": sum(1 for log in gar_logs if log["fallback"])}
+    _, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
+    out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"])}
     if hasattr(model, "reset_expert_loads"):  # the kit decoder's expert-load counters (a student has none)
         model.reset_expert_loads()
-    if not kept:
+    if not samples:
         out.update(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, eps_high=controller.eps_high,
                    trained_tokens=0, mismatch_abs_dlogp=None, mismatch_k3=None, load_cv=None, load_max_mean=None,
                    load_cold_share=None)
         return out
-    batch = flatten([samples[g] for g in kept], pad_id=world.pad_id)
-    seq_adv = torch.tensor([a for g in kept for a in advs[g]])  # [sequences]
+    batch = flatten(samples, pad_id=world.pad_id)
+    seq_adv = torch.tensor([a for a_s in advs for a in a_s])  # [sequences]
     adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
     mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
     if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
-        seq_passed = torch.tensor([bool(q.passed) for g in kept for q in samples[g].sequences])
+        seq_passed = torch.tensor([bool(q.passed) for smp in samples for q in smp.sequences])
         adv = token_advantages(adv, batch.error_mask, batch.loss_mask, seq_passed[batch.seq_ids], cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
     w = token_weights(mask, batch.group_ids, cfg.loss_agg)  # [B, T−1]: the whole batch's aggregation weights
@@ -792,118 +799,148 @@ def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
                           "use another out_dir or delete the checkpoint to start afresh")
 
 
+class TaskStream:
+    """Where a step's groups come from (rank 0 plays them): tasks drawn from the run's pool with a checkpointed RNG,
+    played by the engine — uniformly with dynamic sampling (:func:`collect`; through the partial-rollout buffer when
+    ``staleness > 0``) or per source through the Sample Mixer (:func:`collect_mixed`)."""
+
+    def __init__(self, cfg: RLConfig, world: Any, engine: Any):
+        self.cfg, self.world, self.engine = cfg, world, engine
+        self.rng = random.Random(cfg.seed)
+        self.pool = world.tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
+        self.buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
+                       if cfg.staleness > 0 else None)
+        self.sampler = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
+        self.mixer, self.pools = make_mixer(cfg, self.pool) if cfg.mixer else (None, {})
+        self.settings = cfg.rollout_settings(world)
+
+    def _play(self, tasks: list) -> list[Sample]:
+        groups = [self.world.episodes(t, self.cfg.group_size) for t in tasks]
+        return rollout.play(self.engine, groups, self.settings, grade_workers=self.world.grade_workers)
+
+    def draw(self) -> Any:
+        """One new group of episodes of a task from the pool (what the partial-rollout buffer refills with)."""
+        return self.world.episodes(self.rng.choice(self.pool), self.cfg.group_size)
+
+    def roll(self, n: int) -> list[Sample]:
+        """n new groups: sampled without replacement from the pool (or through the partial-rollout buffer)."""
+        if self.buffer is not None:
+            k = self.buffer.in_flight
+            return [smp for i in range(0, n, k)
+                    for smp in self.buffer.collect(self.engine, min(k, n - i), self.draw, self.settings)]
+        return self._play(self.rng.sample(self.pool, n) if n <= len(self.pool)
+                          else [self.rng.choice(self.pool) for _ in range(n)])
+
+    def roll_from(self, names: list[str]) -> list[Sample]:
+        """The Mixer's draw: one group per named source."""
+        return self._play([self.rng.choice(self.pools[n]) for n in names])
+
+    def gather(self) -> Collected:
+        """One step's batch."""
+        if self.mixer is not None:
+            return collect_mixed(self.cfg, self.mixer, self.roll_from, self.world)
+        return collect(self.engine, self.cfg, self.roll, self.sampler, self.world)
+
+    def state_dict(self) -> dict:
+        return {"engine_rng": self.engine.rng_state() if hasattr(self.engine, "rng_state") else None,
+                "rng": self.rng.getstate(), "sampler": self.sampler, "buffer": self.buffer,
+                **({"mixer": self.mixer.state_dict()} if self.mixer else {})}
+
+    def load_state_dict(self, c: dict) -> None:
+        if self.engine is not None and c["engine_rng"] is not None and hasattr(self.engine, "set_rng_state"):
+            self.engine.set_rng_state(c["engine_rng"])
+        self.rng.setstate(c["rng"])
+        self.sampler, self.buffer = c["sampler"], c["buffer"]
+        if self.mixer is not None:
+            self.mixer.load_state_dict(c["mixer"])
+
+
+def shared_world(cfg: RLConfig, d: Dist) -> ToyWorld | RepoWorld:
+    """The run's world on every rank; rank 0 builds it first, so the repo world trains and caches its tokenizer
+    once."""
+    world = cfg.make_world() if d.is_main else None
+    d.barrier()
+    return world if d.is_main else cfg.make_world()
+
+
+def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: EntropyClipController,
+             stream: TaskStream, t0: float, t1: float) -> dict:
+    """One line of ``metrics.jsonl``: the step's rollouts, collection counts, training metrics and timings."""
+    row = {"step": step, **rollout_metrics(got.drawn), **lag, **trained}
+    row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
+               groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
+               recorded_errors=got.findings, entropy_target=controller.target, **(got.sources or {}))
+    n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
+    # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
+    buffer = stream.buffer
+    row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
+               expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
+    return row
+
+
+def progress(steps: range, cfg: RLConfig, d: Dist):
+    """The step range, with a tqdm bar on rank 0 when ``cfg.progress``."""
+    if not (cfg.progress and d.is_main):
+        return steps
+    from tqdm.auto import tqdm
+
+    return tqdm(steps, desc=f"RL {cfg.advantage}", initial=steps.start, total=cfg.steps, leave=False)
+
+
 def run_rl(cfg: RLConfig) -> dict:
     """SFT warm start, then ``cfg.steps`` RL steps; resumes from ``out_dir/checkpoint/`` when present.
 
     Under torchrun every rank calls it: the learner shards, rank 0 plays the rollouts and writes the run folder
     (the other ranks return the same summary without the history)."""
-    out = Path(cfg.out_dir)
-    d = init_distributed(cfg.device, cfg.fsdp, timeout_s=cfg.collective_timeout_s)
+    out, d = Path(cfg.out_dir), init_distributed(cfg.device, cfg.fsdp, timeout_s=cfg.collective_timeout_s)
+    ckpt, metrics = out / "checkpoint", out / "metrics.jsonl"
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads):
-        if d.is_main:  # rank 0 first: the repo world trains and caches its tokenizer once
-            world = cfg.make_world()
-        d.barrier()
-        if not d.is_main:
-            world = cfg.make_world()
+        world = shared_world(cfg, d)
         model, sft_losses = warm_start(cfg, out, world, d)
         if hasattr(model, "freeze_router"):  # the kit decoder's router (Report §5.4); a dense student has none
             model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in full_state_dict(model).items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
-        engine = make_engine(model, cfg, world, d)
+        engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
         sync_weights(engine, model, 0, cfg)
-        controller = EntropyClipController.from_config(cfg.clip)
-        rng = random.Random(cfg.seed)
-        pool = world.tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
-        buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
-                  if cfg.staleness > 0 else None)
-        state = {"keep_rate": 1.0}  # dynamic sampling's running keep-rate estimate
-        mixer, pools = make_mixer(cfg, pool) if cfg.mixer else (None, {})
+        controller, stream = EntropyClipController.from_config(cfg.clip), TaskStream(cfg, world, engine)
         start, sft_eval = 0, None
-        ckpt = out / "checkpoint"
-        metrics_path = out / "metrics.jsonl"
-        if (ckpt / "trainer.pt").is_file():
+        if (ckpt / "trainer.pt").is_file():  # resume: weights, optimiser, every RNG, controller, sampler, Mixer
             _same_run(torch.load(ckpt / "trainer.pt", weights_only=False).get("config", {}), cfg, ckpt)
             c = load_sharded(ckpt, model, opt)
             sync_weights(engine, model, c["step"], cfg)
-            if engine is not None and c["engine_rng"] is not None and hasattr(engine, "set_rng_state"):
-                engine.set_rng_state(c["engine_rng"])
-            rng.setstate(c["rng"])
-            controller, state = c["controller"], c["sampler"]
-            start, sft_eval, init_router = c["step"], c["sft_eval"], c["init_router"]
-            buffer = c["buffer"]
-            if mixer is not None:
-                mixer.load_state_dict(c["mixer"])
-            if d.is_main:
-                lines = metrics_path.read_text().splitlines()[:start] if metrics_path.exists() else []
-                metrics_path.write_text("".join(line + "\n" for line in lines))
-        else:
-            if d.is_main:
-                metrics_path.write_text("")
-                sft_eval = evaluate(engine, cfg, world)
-        steps = range(start, cfg.steps)
-        if cfg.progress and d.is_main:
-            from tqdm.auto import tqdm
-
-            steps = tqdm(steps, desc=f"RL {cfg.advantage}", initial=start, total=cfg.steps, leave=False)
-        settings = cfg.rollout_settings(world)
-
-        def draw():  # one new group from the trainer's task stream (exact resume: rng is checkpointed)
-            return world.episodes(rng.choice(pool), cfg.group_size)
-
-        def roll(n: int) -> list[Sample]:
-            if buffer is not None:
-                return [smp for k in range(0, n, buffer.in_flight)
-                        for smp in buffer.collect(engine, min(buffer.in_flight, n - k), draw, settings)]
-            tasks = rng.sample(pool, n) if n <= len(pool) else [rng.choice(pool) for _ in range(n)]
-            return rollout.play(engine, [world.episodes(t, cfg.group_size) for t in tasks], settings,
-                                grade_workers=world.grade_workers)
-
-        def roll_from(names: list[str]) -> list[Sample]:  # the Mixer's draw: one group per named source
-            tasks = [rng.choice(pools[n]) for n in names]
-            return rollout.play(engine, [world.episodes(t, cfg.group_size) for t in tasks], settings,
-                                grade_workers=world.grade_workers)
-
-        def gather() -> Collected:  # one step's batch: uniform draws, or per source through the Mixer
-            return collect_mixed(cfg, mixer, roll_from, world) if mixer else collect(engine, cfg, roll, state, world)
-
-        for step in steps:
+            stream.load_state_dict(c)
+            controller, start, sft_eval, init_router = c["controller"], c["step"], c["sft_eval"], c["init_router"]
+        elif d.is_main:
+            sft_eval = evaluate(engine, cfg, world)
+        if d.is_main:  # the metrics of the steps done so far (none on a fresh start)
+            lines = metrics.read_text().splitlines()[:start] if metrics.exists() else []
+            metrics.write_text("".join(line + "\n" for line in lines))
+        for step in progress(range(start, cfg.steps), cfg, d):
             t0 = time.perf_counter()
-            got = gather() if d.is_main else None
+            got = stream.gather() if d.is_main else None  # rank 0 plays; the others wait in the broadcast
             lag = version_lag(got.batch, engine.policy_version) if d.is_main else None
             t1 = time.perf_counter()
             batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
             trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d)
-            sync_weights(engine, model, step + 1, cfg)
+            sync_weights(engine, model, step + 1, cfg)  # the new weights to the engine, policy version + 1
             if d.is_main:
-                row = {"step": step + 1, **rollout_metrics(got.drawn), **lag, **trained}
-                row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
-                           groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
-                           recorded_errors=got.findings, entropy_target=controller.target)
-                if got.sources is not None:
-                    row.update(got.sources)
-                n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
-                # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
-                row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
-                           expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
+                row = step_row(step + 1, got, lag, trained, controller, stream, t0, t1)
                 if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
                     save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
-                with metrics_path.open("a") as f:
+                with metrics.open("a") as f:
                     f.write(json.dumps(row) + "\n")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
-                save_sharded(ckpt, model, opt, {
-                    "step": step + 1, "engine_rng": engine.rng_state() if hasattr(engine, "rng_state") else None,
-                    "rng": rng.getstate(),
-                    "controller": controller, "sampler": state, "sft_eval": sft_eval, "init_router": init_router,
-                    "buffer": buffer, "config": cfg.to_dict(),
-                    **({"mixer": mixer.state_dict()} if mixer else {})}, is_main=d.is_main)
+                save_sharded(ckpt, model, opt, {"step": step + 1, "controller": controller, "sft_eval": sft_eval,
+                                                "init_router": init_router, "config": cfg.to_dict(),
+                                                **stream.state_dict()}, is_main=d.is_main)
         final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}
-    if not d.is_main:
-        return {**summary, "history": [], "model": model, "init_router": init_router}
-    history = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    history = [json.loads(line) for line in metrics.read_text().splitlines()] if d.is_main else []
+    if d.is_main:
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return {**summary, "history": history, "model": model, "init_router": init_router}
+
