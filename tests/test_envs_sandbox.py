@@ -72,7 +72,8 @@ def test_runs_as_a_leased_uid_without_privileges(episode):
 
 def test_infinite_loop_is_killed_with_everything_it_started(tmp_path):
     r = run_sandboxed("sleep 30 & while :; do :; done", tmp_path, timeout_s=0.5)
-    assert r.timed_out and r.returncode == -9 and r.wall_s < 5
+    # killed at the timeout, and the sandbox did not wait for the background sleep (a logical bound, not a speed goal)
+    assert r.timed_out and r.returncode == -9 and r.wall_s < 30
     if r.uid is not None:
         assert uid_pids(r.uid) == []  # the background sleep died too
 
@@ -101,7 +102,7 @@ def test_fork_bomb_is_contained(tmp_path):
     r = run_sandboxed([sys.executable, "-c", code], tmp_path, cfg=cfg)
     words = r.stdout.split()
     assert words[0] == "stopped" and int(words[1]) < 12 and words[2] == "11", r.output  # EAGAIN
-    assert not r.timed_out and r.wall_s < 5
+    assert not r.timed_out  # returned within its 5 s timeout although every child sleeps 20 s: they were killed
     if r.uid is not None:
         assert uid_pids(r.uid) == []
 
@@ -168,7 +169,7 @@ def test_cpu_and_file_size_limits(episode):
     r = run_sandboxed("head -c 3000000 /dev/zero > big", ws, cfg=SandboxConfig(fsize_mb=1), uid=uid)
     assert r.returncode != 0 and (ws / "big").stat().st_size <= 1 << 20, r.output
     r = run_sandboxed([sys.executable, "-c", "while True: pass"], ws, timeout_s=10, cfg=SandboxConfig(cpu_s=1))
-    assert not r.timed_out and r.returncode < 0 and r.wall_s < 5  # SIGKILL from RLIMIT_CPU
+    assert not r.timed_out and r.returncode < 0  # killed by RLIMIT_CPU (SIGKILL) before the 10 s timeout
 
 
 def _listener(family=socket.AF_INET, address=("127.0.0.1", 0)):
