@@ -95,3 +95,22 @@ def test_segment_penalty_is_the_last_stage_on_the_final_advantages():
     out = token_advantages(adv, err, loss, [True, False, True, False], m)
     ref = segment_advantages(adv, err, loss, [True, False, True, False], kappa=3.0)
     torch.testing.assert_close(out, ref)
+
+
+@FAST
+@given(st.data())
+def test_gar_honours_grpo_eps_and_std_correction(data):
+    """GRPO's ε and std correction reach the GAR path too: its pre-redistribution advantages (and a fallback's)
+    are GRPO's with the same constants, for every group and verdict."""
+    g = data.draw(st.integers(2, 8))
+    passed = data.draw(st.lists(st.booleans(), min_size=g, max_size=g))
+    eps, corr = data.draw(st.sampled_from([0.5, 1e-4, 2.0])), data.draw(st.integers(0, 1))
+    m = RLMathConfig().override({"grpo.eps": eps, "grpo.std_correction": corr})
+    ids = [f"t{i}" for i in range(g)]
+    ranking = [[i] for i, ok in zip(ids, passed) if ok]
+    verdict = data.draw(st.sampled_from([{"ranking": ranking, "hacks": []}, None]))
+    res = sequence_advantages(passed, gar=True, verdict=verdict, ids=ids, math=m)
+    want = grpo_advantages(torch.tensor(passed, dtype=torch.float32), eps=eps, std_correction=corr)
+    torch.testing.assert_close(res.grpo, want)
+    if verdict is None or sum(passed) in (0, g):  # no redistribution: the GRPO advantages themselves
+        torch.testing.assert_close(res.advantages, want)

@@ -227,7 +227,8 @@ def quality_factors(ranking: Any, ids: Sequence[str], passed: Any, tier_decay: f
 
 
 def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, group_id: str | None = None, *,
-                   cfg: Any = None, scale_std: bool = GRPO.scale_std, practical: bool = True,
+                   cfg: Any = None, scale_std: bool = GRPO.scale_std, eps: float = GRPO.eps,
+                   std_correction: int = GRPO.std_correction, practical: bool = True,
                    shape_rewards: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None) -> GARResult:
     """The online GAR step for one group (Report §4.3). ``rewards``/``passed`` [G], ``ids`` G trajectory ids.
 
@@ -235,7 +236,8 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
     :func:`quality_factors`), ``hacks`` (ids of confirmed hacks) and optionally ``group_id``:
 
     1. confirmed hacks → reward 0 and failed, *before* statistics;  2. ``shape_rewards(r, passed)`` if given
-    (the length penalty, :mod:`mimo_kit.rl.compose`);  3. A = GRPO(rewards);  4. f_i from the ranking;
+    (the length penalty, :mod:`mimo_kit.rl.compose`);  3. A = GRPO(rewards) with ``scale_std``, ``eps`` and
+    ``std_correction`` as :func:`grpo_advantages` takes them;  4. f_i from the ranking;
     5. A' = gar_redistribute(A, passed, f) on mixed groups (practical: capped and re-centred).
 
     An unusable verdict (None, wrong group, unknown/missing/repeated ids, non-finite scores) returns the GRPO
@@ -268,10 +270,10 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
         f = quality_factors(_get(verdict, "ranking"), ids, p_eff, cfg.tier_decay, cfg.min_factor)
     except VerdictError as e:
         r0 = shaped(r, p)
-        base = grpo_advantages(r0, scale_std)
+        base = grpo_advantages(r0, scale_std, eps=eps, std_correction=std_correction)
         return GARResult(base, base, r0, p, ones, fallback=str(e))
     r_eff = shaped(r_eff, p_eff)
-    a = grpo_advantages(r_eff, scale_std)
+    a = grpo_advantages(r_eff, scale_std, eps=eps, std_correction=std_correction)
     if int(p_eff.sum()) < cfg.min_passed:
         out, lam = a, None
     else:

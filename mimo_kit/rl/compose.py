@@ -73,7 +73,8 @@ def sequence_advantages(passed: Any, *, rewards: Any = None, rubric: tuple[Any, 
     scale_std, eps = m.grpo.scale_std, m.grpo.eps
     if gar:  # steps 2–5
         ids = list(ids) if ids is not None else [str(i) for i in range(p.numel())]
-        return gar_advantages(r, p, ids, verdict, group_id, cfg=m.gar, scale_std=scale_std, shape_rewards=shape)
+        return gar_advantages(r, p, ids, verdict, group_id, cfg=m.gar, scale_std=scale_std, eps=eps,
+                              std_correction=m.grpo.std_correction, shape_rewards=shape)
     r = shape(r, p)  # step 3 (no grader: no hack flags)
     a = grpo_advantages(r, scale_std, eps=eps, std_correction=m.grpo.std_correction)  # step 4
     return GARResult(a, a, r, p, torch.ones_like(r), fallback=None)
