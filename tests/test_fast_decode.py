@@ -115,11 +115,37 @@ def test_decode_step_traces_without_graph_breaks():
     assert traced.lengths.tolist() == [7, 3]
 
 
+def test_compiled_steps_share_one_graph(monkeypatch):
+    """Every step of a cache runs the graph its first step compiled: no guard fails as the context grows (state
+    the step caches on the cache object is built outside the graph). Dynamo's eager backend: the same tracing and
+    guards as inductor, without the code generation."""
+    from mimo_kit.model import fast_decode
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    monkeypatch.setattr(fast_decode, "_COMPILED",
+                        torch.compile(decode_logits, fullgraph=True, backend="eager", dynamic=False))
+    model = random_model(2)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    n = 2 * model.config.sliding_window + 3  # past the SWA ring's first wrap
+    with torch.no_grad():
+        cache = StaticKVCache(model.config, len(prompts), 5 + n + 1)
+        tok = cache.prefill(model, prompts).argmax(-1)
+        for _ in range(n):
+            tok = decode_step(model, tok, cache, compiled=True).argmax(-1)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_compiled_decode_equals_the_eager_step_over_a_generation():
     """Inductor-compiled steps (n_keys = max_len, one graph for every step) give the eager path's logits per row
-    for ragged rows, through the ring's wrap-around, and greedy decoding picks the same tokens."""
-    model = random_model(5)
+    for ragged rows, through the ring's wrap-around, and greedy decoding picks the same tokens. Two layers (one
+    global, one sliding-window), top-3 of 4 experts: every kind of layer, and inductor compiles half the graph of a
+    four-layer model."""
+    model = random_model(2)
+    assert {model.config.layer_types[0], model.config.layer_types[1]} == {"full_attention", "sliding_attention"}
     prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12], [13], [14, 15, 16, 17], [18, 19], [20, 21, 22]]
     assert len(prompts) * model.config.num_experts_per_tok > 8  # more (token, expert) pairs than the gather path
     n = 2 * model.config.sliding_window + 3  # past the SWA ring's first wrap

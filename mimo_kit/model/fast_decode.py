@@ -271,6 +271,7 @@ def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCac
     if cache.span >= cache.max_len:
         raise ValueError(f"decode_step: a row reached max_len={cache.max_len}; build the cache larger")
     if compiled:
+        _rope_tables(model, cache)  # eagerly: built inside the graph, step 2 would fail a guard and compile again
         logits = compiled_decode_logits()(model, tokens, cache, cache.max_len)
     else:
         logits = decode_logits(model, tokens, cache, cache.span + 1)
