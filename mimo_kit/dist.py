@@ -104,6 +104,14 @@ class Dist:
             dist.all_reduce(y)
         return y.to(x.device)
 
+    def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Elementwise max over ranks (a copy on ``x``'s device; the identity in a world of one)."""
+        y = x.detach().clone()
+        if self.group:
+            y = y.to(self.device)
+            dist.all_reduce(y, op=dist.ReduceOp.MAX)
+        return y.to(x.device)
+
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` of rank ``src`` on every rank (pickled; for control data, not tensors of weights)."""
         if not self.group:

@@ -107,9 +107,10 @@ def test_mimo_kit_launch_runs_two_local_processes(tmp_path, capsys):
 
 
 def test_rl_learner_on_two_processes_equals_one(tmp_path):
-    """Rank 0 plays the rollouts on gathered weights, both ranks train: the same steps as one process."""
+    """Rank 0 plays the rollouts on gathered weights, both ranks train: the same steps as one process, two
+    optimiser steps (mini-batches) per rollout batch."""
     cfg = RLConfig.preset("toy", steps=2, prompts=4, eval_tasks=8, sft={"steps": 30}, checkpoint_every=0,
-                          progress=False, out_dir=str(tmp_path / "two"))
+                          progress=False, out_dir=str(tmp_path / "two"), minibatches=2)
     two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
     one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
     # Step 1 trains on the SFT weights: the same step to float summation order. The rollout engine's batched decode

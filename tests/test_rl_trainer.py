@@ -115,6 +115,7 @@ def test_partial_rollouts_respect_the_staleness_bound(tmp_path, sft_file):
     assert all(h["lag_max"] == 0 for h in sync["history"])
 
 
+@pytest.mark.slow  # ~4 s idle, over 5 s on a loaded machine
 def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
     """MXFP4 experts in the engine open a train–inference gap; training through QDQ'd experts closes it (§6.1)."""
     gap = run_rl(tiny(tmp_path / "gap", sft_file, steps=2, rollout_mxfp4=True))
@@ -312,3 +313,37 @@ def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
     eps = [x["eps_high"] for x in h]
     cfg = RLConfig().clip
     assert len(set(eps)) > 1 and any(cfg.eps_high_min < e < cfg.eps_high_max for e in eps)
+
+
+@pytest.mark.slow
+def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
+    """K = 4 mini-batches (Report §5 trains off-policy): after the first update the ratio to π_old departs from 1 and
+    the clip acts; K = 1 trains on the policy that rolled out (r = 1 up to numerics), so it cannot clip; with lr 0
+    nothing moves even at K = 4."""
+    import copy
+
+    from mimo_kit.rl.losses import EntropyClipController
+    from mimo_kit.train import trainer
+
+    model, samples = _played(sft_file, n_tasks=8)
+    for s in samples:  # every group mixed, so every group trains
+        for i, q in enumerate(s.sequences):
+            q.reward, q.passed = float(i % 2), bool(i % 2)
+    world = RLConfig.preset("toy").make_world()
+
+    def step(k: int, epochs: int = 1, lr: float = 3e-2, **kw) -> dict:
+        cfg = RLConfig.preset("toy", minibatches=k, epochs=epochs, lr=lr, **kw)
+        m = copy.deepcopy(model)
+        opt = trainer.build_rl_optimizer(m, cfg)
+        return trainer.train_step(m, opt, samples, cfg, EntropyClipController.from_config(cfg.clip), world)
+
+    one, four, still = step(1), step(4), step(4, lr=0.0)
+    assert one["updates"] == 1 and four["updates"] == 4 and step(2, epochs=2)["updates"] == 4
+    assert one["trained_tokens"] == four["trained_tokens"] > 0  # every generated token once per epoch
+    assert one["clip_low"] == one["clip_high"] == 0.0 and one["ratio_abs_dev"] < 1e-5
+    assert four["clip_low"] + four["clip_high"] > 0 and four["ratio_abs_dev"] > 1e-2
+    assert four["ratio_max"] > 1 + four["eps_high"] or four["ratio_min"] < 1 - RLConfig().clip.eps_low
+    assert still["clip_low"] == still["clip_high"] == 0.0 and still["ratio_abs_dev"] < 1e-5
+    # TIS: π_old is the learner before the step's first update, so the same movement shows against it
+    tis = step(4, tis=True)
+    assert tis["clip_low"] + tis["clip_high"] > 0 and tis["ratio_abs_dev"] > 1e-2

@@ -27,14 +27,17 @@ One step (Report §5's recipe at toy scale):
    renormalised over each token's recorded sampling set (Report §6.1);
 6. PPO-clip loss per token, ℓ = −min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), aggregated by ``loss_agg``
    (prompt-mean by default, Report §5), with ε_high moved by the entropy controller;
-7. AdamW step with gradient-norm clip 1.0; the router frozen by default (Report §5.4);
+7. AdamW step with gradient-norm clip 1.0, once per mini-batch (``minibatches`` × ``epochs`` steps); the router
+   frozen by default (Report §5.4);
 8. the new weights go to the engine (``update_weights``), policy version + 1.
 
 Departures from the report, on purpose:
 
 - AdamW instead of Muown by default (the toy model is tiny and AdamW is the baseline TRL uses too;
   ``optimizer="muown"`` runs the report's);
-- one PPO epoch per batch, so π_old = π_rollout up to numerics and the clip acts only on stale tokens;
+- one optimiser step per rollout batch by default (``minibatches=1, epochs=1``), so π_old = π_rollout up to
+  numerics and the clip acts only on stale tokens; ``minibatches=K`` splits the batch into K mini-batches of whole
+  groups, one step each, and the policy moves between them as the report's off-policy updates do;
 - synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts);
 - rank 0 plays every rollout in the learner's process on one engine (or one server at ``engine_url``); the
   report's disaggregated engines, harness pool and porter run beside the trainer (chapter 6), not inside it yet.
@@ -165,6 +168,10 @@ class RLConfig(Config):
     length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
     segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")
+    minibatches: int = knob(1, "K: optimiser steps per rollout batch, each on 1/K of its groups (Report §5 trains "
+                            "off-policy; the report does not publish K). 1 = one step, π_old = π_rollout", min=1)
+    epochs: int = knob(1, "passes over the rollout batch's mini-batches (PPO epochs; the report does not publish "
+                       "them)", min=1)
     dynamic_sampling: bool = knob(True, "Report §4.1: drop all-pass / all-fail groups, over-sample and refill")
     refill_rounds: int = knob(3, "dynamic sampling draws again up to 3 times until the batch holds `prompts` "
                               "groups with signal; a step never waits without bound", min=0)
@@ -526,36 +533,38 @@ def slice_rows(batch: TrainBatch, rows: torch.Tensor) -> TrainBatch:
 
 
 @dataclasses.dataclass
-class LossInputs:
-    """What the PPO update reads of one batch: this rank's rows, on the learner's device."""
+class MiniBatch:
+    """One mini-batch of the step, as this rank trains it: its rows (whole groups), on the learner's device."""
 
+    batch: TrainBatch  # this rank's rows (input ids, masks, recorded experts and candidate sets)
     adv: torch.Tensor  # [rows] a sequence's advantage per row, or [rows, T−1] per token (segment penalty)
     mask: torch.Tensor  # [rows, T−1] bool: generated tokens, the loss's targets
     rollout_lp: torch.Tensor  # [rows, T−1] the rollout engine's logprobs (π_old without TIS)
-    weights: torch.Tensor  # [rows, T−1] aggregation weights of these rows within the whole batch
+    weights: torch.Tensor  # [rows, T−1] aggregation weights of these rows within their mini-batch
+    old_lp: torch.Tensor | None = None  # [rows, T−1] with TIS: the learner's logprobs before the step's first update
+
+
+@dataclasses.dataclass
+class LossInputs:
+    """What the PPO update reads of one mini-batch: its rows and the learner's forward on them."""
+
+    adv: torch.Tensor  # [rows] or [rows, T−1], as in MiniBatch
+    mask: torch.Tensor  # [rows, T−1] bool
+    rollout_lp: torch.Tensor  # [rows, T−1]
+    weights: torch.Tensor  # [rows, T−1]
     logp: torch.Tensor  # [rows, T−1] the learner's logprobs, with their graph
     logits: torch.Tensor  # [rows, T−1, V] the learner's logits (for the entropy)
+    old_lp: torch.Tensor | None = None  # [rows, T−1] π_old for TIS; None: this forward's own logprobs (detached)
 
 
-def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController, world: Any, *,
-               prepared: tuple[list, list, list] | None = None, d: Dist | None = None) -> dict:
-    """PPO loss → optimiser step on ``samples`` as given (collection already kept the groups with signal).
-    Returns the step's training metrics.
+def minibatch_groups(n_groups: int, k: int) -> list[list[int]]:
+    """The step's groups split into min(k, n) contiguous mini-batches of whole groups (sizes differ by ≤ 1)."""
+    return [c.tolist() for c in torch.tensor_split(torch.arange(n_groups), max(1, min(k, n_groups)))]
 
-    ``world``: the run's world (its pad id; its grader when the advantages are computed here).
-    ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
-    ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
-    """
-    d = d or Dist(device=next(model.parameters()).device)
-    _, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
-    out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"])}
-    if hasattr(model, "reset_expert_loads"):  # the kit decoder's expert-load counters (a student has none)
-        model.reset_expert_loads()
-    if not samples:
-        out.update(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, eps_high=controller.eps_high,
-                   trained_tokens=0, mismatch_abs_dlogp=None, mismatch_k3=None, load_cv=None, load_max_mean=None,
-                   load_cold_share=None)
-        return out
+
+def make_minibatch(samples: list[Sample], advs: list[list[float]], cfg: RLConfig, world: Any, d: Dist) -> MiniBatch:
+    """Flatten a mini-batch's groups, put each sequence's advantage on its rows, weigh its tokens, keep this rank's
+    rows (× W, because FSDP averages the ranks' gradients)."""
     batch = flatten(samples, pad_id=world.pad_id)
     seq_adv = torch.tensor([a for a_s in advs for a in a_s])  # [sequences]
     adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
@@ -564,21 +573,89 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
         seq_passed = torch.tensor([bool(q.passed) for smp in samples for q in smp.sequences])
         adv = token_advantages(adv, batch.error_mask, batch.loss_mask, seq_passed[batch.seq_ids], cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
-    w = token_weights(mask, batch.group_ids, cfg.loss_agg)  # [B, T−1]: the whole batch's aggregation weights
-    if d.world_size > 1:  # this rank's rows; × W because FSDP averages the ranks' gradients
+    w = token_weights(mask, batch.group_ids, cfg.loss_agg)  # [B, T−1]: the mini-batch's aggregation weights
+    if d.world_size > 1:  # this rank's rows
         rows, live = rank_rows(batch.input_ids.shape[0], d)
         batch, adv, mask, rollout_lp = slice_rows(batch, rows), adv[rows], mask[rows] & live, rollout_lp[rows]
         w = w[rows] * (d.world_size if live else 0.0)
     to = functools.partial(torch.Tensor.to, device=d.device)
+    return MiniBatch(batch, to(adv), to(mask), to(rollout_lp), to(w))
+
+
+def forward(model, mb: MiniBatch, cfg: RLConfig, d: Dist) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's logprobs and logits on a mini-batch (routing replay, candidate sets, autocast as configured)."""
+    to = functools.partial(torch.Tensor.to, device=d.device)
+    batch = dataclasses.replace(mb.batch, input_ids=to(mb.batch.input_ids))
+    routing = replay_indices(model, batch) if cfg.r3 else None
+    model.train()
+    cands = to(batch.topp_candidates) if cfg.topp_replay else None
+    with autocast(d.device, resolve_precision(cfg.precision, d.device)):
+        return policy_logprobs(model, batch.input_ids, cfg.temperature, routing, cands)
+
+
+def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController, world: Any, *,
+               prepared: tuple[list, list, list] | None = None, d: Dist | None = None) -> dict:
+    """PPO updates on ``samples`` as given (collection already kept the groups with signal): ``epochs`` passes over
+    ``minibatches`` mini-batches of whole groups, one optimiser step each (Report §5: the policy moves between the
+    updates of one rollout batch, so the ratio to π_old departs from 1 and the clip acts). Returns the step's
+    training metrics; the entropy controller moves ε_high once per step, from the step's mean entropy.
+
+    ``world``: the run's world (its pad id; its grader when the advantages are computed here).
+    ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
+    ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
+    """
+    d = d or Dist(device=next(model.parameters()).device)
+    _, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
+    eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
+    out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
+                           "updates": 0}
+    if not samples:
+        return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, ratio_abs_dev=None,
+                          ratio_min=None, ratio_max=None, trained_tokens=0, mismatch_abs_dlogp=None,
+                          mismatch_k3=None, load_cv=None, load_max_mean=None, load_cold_share=None)
+    parts = [make_minibatch([samples[g] for g in mb], [advs[g] for g in mb], cfg, world, d)
+             for mb in minibatch_groups(len(samples), cfg.minibatches)]
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
     with qdq, checkpointed_layers(model, cfg.activation_checkpointing):
-        routing = replay_indices(model, dataclasses.replace(batch, input_ids=to(batch.input_ids))) if cfg.r3 else None
-        model.train()
-        cands = to(batch.topp_candidates) if cfg.topp_replay else None
-        with autocast(d.device, resolve_precision(cfg.precision, d.device)):
-            logp, logits = policy_logprobs(model, to(batch.input_ids), cfg.temperature, routing, cands)
-        x = LossInputs(adv=to(adv), mask=to(mask), rollout_lp=to(rollout_lp), weights=to(w), logp=logp, logits=logits)
-        return out | ppo_update(model, opt, cfg, controller, x, d=d)
+        if cfg.tis and (len(parts) > 1 or cfg.epochs > 1):  # π_old: the policy before the step's first update
+            with torch.no_grad():
+                for mb in parts:
+                    mb.old_lp = forward(model, mb, cfg, d)[0].detach()
+        if hasattr(model, "reset_expert_loads"):  # the kit decoder's expert-load counters (a student has none)
+            model.reset_expert_loads()
+        updates = []
+        for _ in range(cfg.epochs):
+            for mb in parts:
+                logp, logits = forward(model, mb, cfg, d)
+                x = LossInputs(adv=mb.adv, mask=mb.mask, rollout_lp=mb.rollout_lp, weights=mb.weights, logp=logp,
+                               logits=logits, old_lp=mb.old_lp)
+                updates.append(ppo_update(model, opt, cfg, eps_high, x, d=d))
+    first = updates[:len(parts)]  # the first epoch: every generated token once
+    n = sum(u["tokens"] for u in updates)
+
+    def mean(key: str, over: list[dict]) -> float | None:  # token-weighted over updates
+        if len(over) == 1:
+            return over[0][key]
+        k = sum(u["tokens"] for u in over)
+        return sum(u["tokens"] * (u[key] or 0.0) for u in over) / k if k else None
+
+    entropy = mean("entropy", updates)
+    if cfg.entropy_adaptive and entropy is not None:
+        controller.update(entropy)
+    loads = (load_metrics(d.all_reduce_sum(model.expert_loads().float())) if hasattr(model, "expert_loads")
+             else {"cv": [], "max_mean": [], "cold_share": []})
+    return out | dict(
+        updates=len(updates), loss=statistics.fmean(u["loss"] for u in updates),
+        grad_norm=statistics.fmean(u["grad_norm"] for u in updates), entropy=entropy,
+        clip_low=mean("clip_low", updates) or 0.0, clip_high=mean("clip_high", updates) or 0.0,
+        ratio_abs_dev=mean("ratio_abs_dev", updates), ratio_min=min(u["ratio_min"] for u in updates) if n else None,
+        ratio_max=max(u["ratio_max"] for u in updates) if n else None,
+        trained_tokens=sum(u["tokens"] for u in first),
+        # train vs rollout over the first epoch (with K > 1, later mini-batches include the step's own updates)
+        mismatch_abs_dlogp=mean("mean_abs_dlogp", first), mismatch_k3=mean("k3_kl", first),
+        load_cv=[round(float(v), 4) for v in loads["cv"]],
+        load_max_mean=[round(float(v), 4) for v in loads["max_mean"]],
+        load_cold_share=[round(float(v), 4) for v in loads["cold_share"]])
 
 
 def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, float | None]:
@@ -591,18 +668,18 @@ def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, 
     return {k: float(total[i] / total[-1]) if total[-1] > 0 else None for i, k in enumerate(keys)}
 
 
-def ppo_update(model, opt, cfg: RLConfig, controller: EntropyClipController, x: LossInputs, *,
-               d: Dist | None = None) -> dict:
-    """PPO-clip loss, aggregation, backward, clip, step; the metrics of the step.
+def ppo_update(model, opt, cfg: RLConfig, eps_high: float, x: LossInputs, *, d: Dist | None = None) -> dict:
+    """One optimiser step on one mini-batch: PPO-clip loss, aggregation, backward, clip, step; its metrics, each
+    over every rank's tokens (``tokens``: how many were trained).
 
-    ``d``: the learner's process group (metrics are summed over its ranks)."""
+    π_old is the rollout logprob; with ``tis`` it is the learner's own (``x.old_lp``, or this forward's, detached)
+    and each token is weighted by min(π_old/π_rollout, C)."""
     d = d or Dist()
     logp, logits, mask, rollout_lp = x.logp, x.logits, x.mask, x.rollout_lp
     old, weight = rollout_lp, torch.ones_like(rollout_lp)
     if cfg.tis:
-        old = logp.detach()
+        old = x.old_lp if x.old_lp is not None else logp.detach()
         weight = truncated_is_weights(old, rollout_lp, cfg.clip.tis_cap)
-    eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     per_tok, stats = ppo_clip_loss(logp, old, x.adv, cfg.clip.eps_low, eps_high, mask)
     loss = aggregate_loss(per_tok * weight, mask, weights=x.weights)  # Σ w·ℓ over these rows
     opt.zero_grad()
@@ -616,20 +693,16 @@ def ppo_update(model, opt, cfg: RLConfig, controller: EntropyClipController, x: 
         ent = float(token_entropy(logits.detach())[mask].mean()) if n else 0.0
         mm = (mismatch_metrics(logp.detach().double(), rollout_lp.double(), mask) if n
               else {"mean_abs_dlogp": 0.0, "k3_kl": 0.0})
+        ratio = torch.exp(logp.detach() - old)[mask]  # r = π_θ / π_old on the trained tokens
+        dev = float((ratio - 1).abs().mean()) if n else 0.0
+        extremes = torch.tensor([float(ratio.max()) if n else float("-inf"),
+                                 -float(ratio.min()) if n else float("-inf")], dtype=torch.float64)
     means = _global_mean({"entropy": ent, "clip_low": stats["clip_low"], "clip_high": stats["clip_high"],
-                          "mean_abs_dlogp": mm["mean_abs_dlogp"], "k3_kl": mm["k3_kl"]}, n, d)
-    if cfg.entropy_adaptive:
-        controller.update(means["entropy"])
-    loads = (load_metrics(d.all_reduce_sum(model.expert_loads().float())) if hasattr(model, "expert_loads")
-             else {"cv": [], "max_mean": [], "cold_share": []})
-    loss_value = float(d.all_reduce_sum(loss.detach().float()) / d.world_size)
-    return dict(loss=loss_value, grad_norm=to_float(grad_norm), entropy=means["entropy"],
-                clip_low=means["clip_low"], clip_high=means["clip_high"], eps_high=eps_high,
-                trained_tokens=int(d.all_reduce_sum(torch.tensor(n))),
-                mismatch_abs_dlogp=means["mean_abs_dlogp"], mismatch_k3=means["k3_kl"],
-                load_cv=[round(float(v), 4) for v in loads["cv"]],
-                load_max_mean=[round(float(v), 4) for v in loads["max_mean"]],
-                load_cold_share=[round(float(v), 4) for v in loads["cold_share"]])
+                          "mean_abs_dlogp": mm["mean_abs_dlogp"], "k3_kl": mm["k3_kl"], "ratio_abs_dev": dev}, n, d)
+    extremes = d.all_reduce_max(extremes)
+    return dict(loss=float(d.all_reduce_sum(loss.detach().float()) / d.world_size), grad_norm=to_float(grad_norm),
+                tokens=int(d.all_reduce_sum(torch.tensor(n))), ratio_max=float(extremes[0]),
+                ratio_min=-float(extremes[1]), **means)
 
 
 # ---- held-out evaluation ------------------------------------------------------------------------------------------
