@@ -84,26 +84,20 @@ def test_a_checkpoint_saved_on_one_process_resumes_on_two(two_and_one, tmp_path)
     assert close(resumed["result"]["log"]["loss"], one.log["loss"], 1e-5)
 
 
-def test_two_nodes_meet_through_c10d_rendezvous_on_localhost(tmp_path):
-    """--nnodes 2, one process each: two torchrun agents find each other as two nodes would."""
-    done = launch("pretrain", pretrain_cfg(tmp_path / "run", steps=2, checkpoint_every=0, eval_every=2), nnodes=2,
-                  nproc_per_node=1, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)
-    assert done["result"]["log"]["step"] == [1, 2]
-    assert json.loads((tmp_path / "job" / "run.json").read_text())["world_size"] == 2
-    assert "--rdzv-backend=c10d" in (tmp_path / "job" / "torchrun.sh").read_text()
-
-
-def test_mimo_kit_launch_runs_two_local_processes(tmp_path, capsys):
-    """The command line, without --dry-run: the YAML, then torchrun with 2 processes here, then the result."""
+def test_mimo_kit_launch_runs_two_nodes_that_meet_through_c10d_on_localhost(tmp_path, capsys):
+    """The command line, without --dry-run, with --nnodes 2 and one process each: the YAML, then two torchrun agents
+    that find each other through a c10d rendezvous as two nodes would, then the result."""
     from mimo_kit import cli
 
-    assert cli.main(["launch", "pretrain", "--nproc-per-node", "2", "--out", str(tmp_path / "job"), "steps=2",
-                     "eval_every=2", "checkpoint_every=0", "batch=2", "seq_len=32", "corpus_bytes=300000",
+    assert cli.main(["launch", "pretrain", "--nnodes", "2", "--nproc-per-node", "1", "--out", str(tmp_path / "job"),
+                     "steps=2", "eval_every=2", "checkpoint_every=0", "batch=2", "seq_len=32", "corpus_bytes=300000",
                      f"out_dir={tmp_path / 'run'}", "--timeout", str(TIMEOUT)]) == 0
     assert f"result → {tmp_path / 'job' / 'result.json'}" in capsys.readouterr().out
     result = json.loads((tmp_path / "job" / "result.json").read_text())
     assert result["log"]["step"] == [1, 2] and (tmp_path / "run" / "model.safetensors").is_file()
     assert PretrainConfig.from_yaml(tmp_path / "job" / "config.yaml").steps == 2
+    assert json.loads((tmp_path / "job" / "run.json").read_text())["world_size"] == 2
+    assert "--rdzv-backend=c10d" in (tmp_path / "job" / "torchrun.sh").read_text()
 
 
 def test_rl_learner_on_two_processes_equals_one(tmp_path):
