@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 MIME = "application/vnd.mimo-kit.claim+json"
@@ -63,6 +64,63 @@ def verdict_of(holds: bool, *, toy_limited: bool = False) -> str:
     if holds:
         return "holds"
     return "not shown at toy scale" if toy_limited else "does not hold"
+
+
+#: A paired judgement needs at least this many seeds: below it the exact one-sided sign test cannot reach
+#: p ≤ 0.05 even when every seed agrees (5 of 5: p = 1/32).
+MIN_PAIRED_SEEDS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Judgement:
+    """A directional claim judged on per-seed paired differences (positive = the report's direction)."""
+
+    verdict: str  # one of VERDICTS
+    n: int  # seeds
+    agree: int  # seeds whose difference points the report's way
+    mean: float  # mean difference
+    low: float  # the confidence interval of the mean difference (Student t over the seeds)
+    high: float
+    p_sign: float  # exact one-sided sign test: P(≥ agree of n seeds agree | no direction)
+    confidence: float
+
+    def text(self) -> str:
+        return (f"Δ = {self.mean:+.4g}, {self.confidence:.0%} CI [{self.low:+.4g}, {self.high:+.4g}], "
+                f"{self.agree} of {self.n} seeds, sign test p = {self.p_sign:.3g}")
+
+
+def judge_paired(diffs, *, confidence: float = 0.95, alpha: float = 0.05) -> Judgement:
+    """Judge a directional claim from per-seed differences d_s = (the arm the report favours) − (the other), signed
+    so that d > 0 is the report's direction (Report claims are directions at toy scale, never magnitudes).
+
+    holds: ≥ :data:`MIN_PAIRED_SEEDS` seeds, the exact one-sided sign test rejects "no direction" at ``alpha``
+    *and* the t interval of the mean difference lies above 0 — agreement in sign alone is not enough when the
+    differences sit inside the seed-to-seed noise. does not hold: the same, in the opposite direction. Anything
+    else: not shown at toy scale. Ties (d = 0) count against the direction in the sign test."""
+    from scipy import stats
+
+    d = [float(x) for x in diffs]
+    if not d or not all(math.isfinite(x) for x in d):
+        raise ValueError(f"judge_paired: per-seed differences must be finite numbers, got {diffs!r}")
+    n = len(d)
+    mean = sum(d) / n
+    if n == 1:  # one seed: no spread, no interval
+        low, high = float("-inf"), float("inf")
+    else:
+        sem = float(stats.sem(d))
+        low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem) if sem > 0 else (mean, mean)
+        if not (math.isfinite(low) and math.isfinite(high)):  # a spread below float resolution: none
+            low = high = mean
+    up, down = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    p_up = float(stats.binomtest(up, n, 0.5, alternative="greater").pvalue)
+    p_down = float(stats.binomtest(down, n, 0.5, alternative="greater").pvalue)
+    if n >= MIN_PAIRED_SEEDS and p_up <= alpha and low > 0:
+        verdict = "holds"
+    elif n >= MIN_PAIRED_SEEDS and p_down <= alpha and high < 0:
+        verdict = "does not hold"
+    else:
+        verdict = "not shown at toy scale"
+    return Judgement(verdict, n, up, mean, float(low), float(high), p_up, confidence)
 
 
 def collect(directory: Path | str | None = None) -> list[Claim]:

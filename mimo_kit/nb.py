@@ -111,6 +111,18 @@ def claim_agreement(chapter: str, agreement, text: str, section: str, *, report:
         measured=f"{a.lower} {a.mean_lower:.4g} vs {a.higher} {a.mean_higher:.4g} (seed means)", toy_limited=True)
 
 
+def claim_paired(chapter: str, text: str, section: str, diffs, *, report: str, why: str, measured: str = ""):
+    """A directional claim judged on per-seed paired differences (positive = the report's direction) by
+    :func:`mimo_kit.claims.judge_paired`: a sign test and the t interval of the mean, printed with the verdict."""
+    from mimo_kit.claims import judge_paired
+
+    j = judge_paired(diffs)
+    c = claim(chapter, text, section, holds=j.verdict == "holds", report=report, seeds=j.n,
+              agree=f"{j.agree} of {j.n}", why=why, measured=f"{measured}; {j.text()}" if measured else j.text(),
+              toy_limited=j.verdict == "not shown at toy scale")
+    return c
+
+
 def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:
     """Display a set of checks (properties or exact numbers of the report) as claims, then assert they all hold."""
     from mimo_kit.claims import Claim, verdict_of

@@ -3,6 +3,8 @@ outputs into chapter 8's tables."""
 
 import nbformat
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mimo_kit import claims, nb
 from mimo_kit.claims import MIME, Claim, collect, summary
@@ -63,3 +65,52 @@ def test_the_committed_chapters_make_claims_chapter_8_can_read():
     assert {p.stem.split("_")[0] for p in notebooks()} - {"ch08"} <= chapters
     assert all(c.seeds >= claims.MIN_SEEDS for c in found if c.kind == "experiment")
     assert all(c.verdict == "holds" for c in found if c.kind != "experiment")
+
+
+def test_seeds_that_agree_in_sign_inside_the_noise_are_not_shown():
+    """Five seeds all pointing the report's way (sign test p = 1/32) but with differences inside their own spread:
+    the t interval of the mean reaches below 0, so the claim is not shown; the same seeds with a consistent margin
+    hold, and their mirror image does not hold."""
+    from mimo_kit.claims import judge_paired
+
+    noisy = judge_paired([0.001, 0.9, 0.002, 1.2, 0.003])
+    assert noisy.agree == 5 and noisy.p_sign == pytest.approx(1 / 32) and noisy.low < 0 < noisy.high
+    assert noisy.verdict == "not shown at toy scale"
+    clear = judge_paired([0.10, 0.12, 0.09, 0.11, 0.13])
+    assert clear.verdict == "holds" and clear.low > 0
+    assert judge_paired([-x for x in (0.10, 0.12, 0.09, 0.11, 0.13)]).verdict == "does not hold"
+    # three seeds can never show a direction: 3 of 3 agreeing is p = 1/8 under no direction
+    assert judge_paired([0.10, 0.12, 0.11]).verdict == "not shown at toy scale"
+    assert "sign test p = 0.0312" in clear.text() and "5 of 5 seeds" in clear.text()
+    with pytest.raises(ValueError, match="finite"):
+        judge_paired([0.1, float("nan")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=12), st.floats(0.01, 100))
+def test_the_paired_judgement_is_symmetric_and_scale_free(diffs, scale):
+    """Negating every difference swaps holds and does not hold; scaling by c > 0 changes no verdict; the interval
+    matches scipy's t interval and holds only when it lies above 0 with at least five seeds."""
+    from scipy import stats
+
+    from mimo_kit.claims import MIN_PAIRED_SEEDS, judge_paired
+
+    j = judge_paired(diffs)
+    mirror = {"holds": "does not hold", "does not hold": "holds"}.get(j.verdict, j.verdict)
+    assert judge_paired([-x for x in diffs]).verdict == mirror
+    assert judge_paired([scale * x for x in diffs]).verdict == j.verdict
+    if j.verdict == "holds":
+        assert len(diffs) >= MIN_PAIRED_SEEDS and j.low > 0
+    if len(diffs) > 1 and stats.sem(diffs) > 1e-12:
+        low, high = stats.t.interval(0.95, len(diffs) - 1, loc=j.mean, scale=stats.sem(diffs))
+        assert (j.low, j.high) == pytest.approx((low, high))
+
+
+def test_a_paired_claim_carries_its_test_and_interval(monkeypatch):
+    monkeypatch.setenv("MIMO_KIT_QUICK", "0")
+    c = nb.claim_paired("ch05a", "GAR keeps turns below the binary arm's", "§4.3", [0.3, 0.2, 0.25, 0.35, 0.3],
+                        report="turns about flat with GAR", why="w", measured="turns 4.1 vs 4.4")
+    assert c.verdict == "holds" and c.seeds == 5 and c.agree == "5 of 5"
+    assert c.measured.startswith("turns 4.1 vs 4.4; Δ = +0.28") and "95% CI" in c.measured
+    c = nb.claim_paired("ch05a", "x", "§4.3", [0.3, -0.2, 0.25], report="r", why="w")
+    assert c.verdict == "not shown at toy scale" and c.agree == "2 of 3"
