@@ -58,6 +58,7 @@ def test_run_writes_a_loadable_model(tmp_path):
         run_pretrain(small(tmp_path / "run", steps=4, seed=1), progress=False)
 
 
+@pytest.mark.slow  # ~2 s idle, over 5 s on a loaded machine
 def test_exact_resume_after_an_interruption(tmp_path):
     full = run_pretrain(small(tmp_path / "full", optim={"warmup_steps": 2, "matrix_optimizer": "muown"}),
                         progress=False)

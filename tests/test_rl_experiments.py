@@ -103,6 +103,7 @@ TINY = {"seeds": [0, 1], "base.progress": False, "base.steps": 2, "base.prompts"
         "base.sft.steps": 5, "base.sft.tasks": 50, "base.sft.batch_size": 8}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_tiny_router_freeze_over_two_seeds(tmp_path):
     cfg = ex.CompareConfig.preset("tiny").override({**TINY, "out_dir": str(tmp_path)})

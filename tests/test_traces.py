@@ -128,6 +128,7 @@ def traces(draw):
             "harness": "h", "teacher": "t", "messages": msgs, "meta": {}}
 
 
+@pytest.mark.slow  # 60 examples: ~1 s idle, over 5 s on a loaded machine
 @settings(max_examples=60, deadline=None)
 @given(traces())
 def test_well_formed_traces_always_validate_and_round_trip(obj):
