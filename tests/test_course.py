@@ -43,6 +43,7 @@ def test_course_executes_chapters_and_writes_index(tmp_path):
     assert "<html" in (out / "ch01_ok.html").read_text().lower()
 
 
+@pytest.mark.slow  # two kernels at once: ~4 s idle, over 5 s on a loaded machine
 def test_course_runs_two_chapters_at_once_in_their_own_environments(tmp_path, monkeypatch):
     """``jobs=2``: the first chapter waits for a file that only the second writes, so it can finish only if both
     kernels run at the same time; each kernel sees quick mode and the preset, this process's environment is left
