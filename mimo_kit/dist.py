@@ -98,18 +98,17 @@ class Dist:
     def all_reduce_sum(self, x: torch.Tensor) -> torch.Tensor:
         """Σ over ranks (a copy on ``x``'s device; the identity in a world of one). NCCL reduces on the GPU, so a
         CPU tensor makes the round trip through this rank's device."""
-        y = x.detach().clone()
-        if self.group:
-            y = y.to(self.device)
-            dist.all_reduce(y)
-        return y.to(x.device)
+        return self._all_reduce(x, dist.ReduceOp.SUM)
 
     def all_reduce_max(self, x: torch.Tensor) -> torch.Tensor:
-        """Elementwise max over ranks (a copy on ``x``'s device; the identity in a world of one)."""
+        """Elementwise max over ranks, as :meth:`all_reduce_sum`."""
+        return self._all_reduce(x, dist.ReduceOp.MAX)
+
+    def _all_reduce(self, x: torch.Tensor, op) -> torch.Tensor:
         y = x.detach().clone()
         if self.group:
             y = y.to(self.device)
-            dist.all_reduce(y, op=dist.ReduceOp.MAX)
+            dist.all_reduce(y, op=op)
         return y.to(x.device)
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:

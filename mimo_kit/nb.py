@@ -117,10 +117,9 @@ def claim_paired(chapter: str, text: str, section: str, diffs, *, report: str, w
     from mimo_kit.claims import judge_paired
 
     j = judge_paired(diffs)
-    c = claim(chapter, text, section, holds=j.verdict == "holds", report=report, seeds=j.n,
-              agree=f"{j.agree} of {j.n}", why=why, measured=f"{measured}; {j.text()}" if measured else j.text(),
-              toy_limited=j.verdict == "not shown at toy scale")
-    return c
+    return claim(chapter, text, section, holds=j.verdict == "holds", report=report, seeds=j.n,
+                 agree=f"{j.agree} of {j.n}", why=why, measured=f"{measured}; {j.text()}" if measured else j.text(),
+                 toy_limited=j.verdict == "not shown at toy scale")
 
 
 def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:

@@ -316,7 +316,7 @@ def groups_with_signal(samples: list[Sample], rewards: list[list[float]], cfg: R
     return set(dynamic_sampling([r for rs in rewards for r in rs], gids, tol=cfg.sampling.reward_tol).keep_groups)
 
 
-def collect(engine: Any, cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
+def collect(cfg: RLConfig, roll: Any, state: dict, world: Any) -> Collected:
     """Roll out groups until the batch holds ``cfg.prompts`` groups with signal (dynamic sampling, Report §4.1).
 
     The first round over-samples: it draws :func:`~mimo_kit.rl.sampling.prompts_to_draw` groups for the keep rate
@@ -912,7 +912,7 @@ class TaskStream:
         """One step's batch."""
         if self.mixer is not None:
             return collect_mixed(self.cfg, self.mixer, self.roll_from, self.world)
-        return collect(self.engine, self.cfg, self.roll, self.sampler, self.world)
+        return collect(self.cfg, self.roll, self.sampler, self.world)
 
     def state_dict(self) -> dict:
         return {"engine_rng": self.engine.rng_state() if hasattr(self.engine, "rng_state") else None,
