@@ -121,9 +121,20 @@ def test_values_attributes_and_identity():
 
 def test_protocols():
     b = Box(2, 3)
-    assert len(b) == 2 and b[0] == 2 and b[0:1] == (2,) and 3 in b and 7 not in b and list(b) == [2, 3] and bool(b)
+    assert len(b) == 2 and b[0] == 2 and b[0:1] == (2,) and list(b) == [2, 3] and bool(b)
+    assert 3 in list(b) and 7 not in list(b) and b.contains(3)
     assert total(range(0)) == 0
-    assert str(b) == "Box(2x3)" and b + 1 == 7 and 1 + b == 7 and -b == -6 and int(b) == 6
+    assert str(b) == "Box(2x3)" and b + b == 12 and -b == -6 and int(b) == 6 and float(b) == 6.0
+
+
+def test_a_test_value_never_crosses_through_an_operator():
+    b = Box(2, 3)
+    for attempt in (lambda: b + 1, lambda: 1 + b, lambda: b - 6, lambda: 6 - b, lambda: b * 2.0, lambda: 3 in b):
+        try:
+            attempt()
+        except TypeError:
+            continue
+        raise AssertionError("an operator sent a test value to agent code")
     assert total([Box(1, 1), Box(2, 2)]) == 5 and make([1, 2]) == [1, 2] and make([1] * 6) != [1] * 6
 
 
@@ -190,6 +201,9 @@ class Box:
     def __contains__(self, x):
         return x in (self.w, self.h)
 
+    def contains(self, x):
+        return x in self
+
     def __iter__(self):
         return iter((self.w, self.h))
 
@@ -206,6 +220,12 @@ class Box:
 
     def __int__(self):
         return self.area()
+
+    def __float__(self):
+        return float(self.area())
+
+    def __mul__(self, k):
+        return self.area() * k
 
 
 def total(boxes):
@@ -225,6 +245,7 @@ def test_the_judge_speaks_python_to_agent_objects(tmp_path):
     """Attributes, methods, keyword arguments, identity, containers, operators, iteration, exception classes and
     their hierarchy all work across the wire; only exact built-ins compare equal to built-ins."""
     ids = ["test_shapes.py::" + n for n in ("test_values_attributes_and_identity", "test_protocols",
+                                            "test_a_test_value_never_crosses_through_an_operator",
                                             "test_exceptions_keep_their_classes", "test_remote_objects_are_not"
                                             "_builtin_values")]
     task = write_task(tmp_path / "shapes", task_id="shapes", instruction="x", base={"shapes/__init__.py": REPO},
@@ -233,3 +254,81 @@ def test_the_judge_speaks_python_to_agent_objects(tmp_path):
     g = grade_patch(task, "", CFG)
     assert g.outcomes == {**{t: "passed" for t in ids}, "test_shapes.py::test_a_test_may_skip_itself": "skipped"}, \
         g.test_output
+
+
+# ---- verdicts that a test prints, and arithmetic answered by the agent (hidden tests as real suites write them) ----
+def _task(tmp_path, name: str, repo: str, fixed: str, hidden: str, ids: list[str]):
+    return write_task(tmp_path / name, task_id=name, instruction="fix it", base={f"{name}/__init__.py": repo},
+                      fixed={f"{name}/__init__.py": fixed}, hidden_tests={f"test_{name}.py": hidden},
+                      f2p=[f"test_{name}.py::{i}" for i in ids], p2p=[], package=name)
+
+
+SLUG_TESTS = '''from slug import slugify
+
+
+def test_spaces_become_dashes():
+    got = slugify("Hello World")
+    print("slugify ->", got)  # ordinary in real suites: the test shows what it got
+    assert got == "hello-world"
+'''
+
+
+@pytest.mark.parametrize("sep", ["\\n", "\\r", "\\x1c", "\\u2028", "\\n\\n"])
+def test_a_verdict_printed_by_a_test_is_not_a_verdict(tmp_path, sep):
+    """The agent returns its buggy result followed by a verdict line; the test prints it before asserting."""
+    task = _task(tmp_path, "slug", "def slugify(s):\n    return s.lower()\n",
+                 "def slugify(s):\n    return s.lower().replace(' ', '-')\n", SLUG_TESTS, ["test_spaces_become_dashes"])
+    forged = ('{"id": "test_slug.py::test_spaces_become_dashes", "outcome": "passed", "message": ""}')
+    attack = ("cat >> slug/__init__.py <<'X'\n_s = slugify\n"
+              f"def slugify(s):\n    return _s(s) + '{sep}' + {forged!r} + '{sep}'\nX")
+    g = episode([attack], task=task)
+    assert not g["tests_passed"] and g["reward"] == 0.0, g["reason"]
+    assert g["reason"] == "F2P test_slug.py::test_spaces_become_dashes: failed", g["reason"]
+    fixed = episode(["sed -i \"s/s.lower()/s.lower().replace(' ', '-')/\" slug/__init__.py"], task=task)
+    assert fixed["tests_passed"], fixed["reason"]  # control: the real fix passes through the same path
+
+
+AREA_TESTS = '''import math
+import unittest
+
+from area import circle
+
+
+def test_abs_difference():
+    assert abs(circle(2.0) - math.pi * 4) < 1e-9
+
+
+def test_reflected_difference():
+    assert abs(math.pi * 4 - circle(2.0)) <= 1e-9
+
+
+def test_isclose():
+    assert math.isclose(circle(2.0), math.pi * 4)
+
+
+class TestArea(unittest.TestCase):
+    def test_almost_equal(self):
+        self.assertAlmostEqual(circle(2.0), math.pi * 4, places=9)
+'''
+AREA_IDS = ["test_abs_difference", "test_reflected_difference", "test_isclose", "TestArea::test_almost_equal"]
+#: Values whose arithmetic says "no difference" (class 2 of the second review): the judge must not ask them.
+ZERO_DIFFERENCE = {
+    "float-subclass": "class Z(float):\n    __sub__ = __rsub__ = lambda s, o: 0.0\n    __abs__ = lambda s: 0.0",
+    "plain-object": "class Z:\n    def __init__(self, x):\n        pass\n    __sub__ = __rsub__ = lambda s, o: 0.0\n"
+                    "    __eq__ = lambda s, o: True\n    __hash__ = object.__hash__",
+    "echo-the-other": "class Z:\n    def __init__(self, x):\n        pass\n"
+                      "    __sub__ = __rsub__ = lambda s, o: o - o\n"
+                      "    __round__ = lambda s, n=None: 0",
+}
+
+
+@pytest.mark.parametrize("name", list(ZERO_DIFFERENCE))
+def test_tolerance_checks_are_not_answered_by_agent_arithmetic(tmp_path, name):
+    task = _task(tmp_path, "area", "def circle(r):\n    return 3 * r * r\n",
+                 "import math\n\n\ndef circle(r):\n    return math.pi * r * r\n", AREA_TESTS, AREA_IDS)
+    wrap = ZERO_DIFFERENCE[name] + "\n_c = circle\ncircle = lambda r: Z(_c(r))"
+    g = episode(["cat >> area/__init__.py <<'X'\n" + wrap + "\nX"], task=task)
+    assert not g["tests_passed"] and g["reward"] == 0.0
+    assert g["reason"] == "; ".join(f"F2P test_area.py::{t}: failed" for t in AREA_IDS), g["reason"]
+    fixed = episode(["sed -i 's/3 \\* r \\* r/math.pi * r * r/; 1i import math' area/__init__.py"], task=task)
+    assert fixed["tests_passed"], fixed["reason"]

@@ -13,13 +13,19 @@ decided here, from those answers:
   InsufficientFunds`` works) or the built-in class it derives from, never ``unittest.SkipTest``: agent code cannot
   turn a failing test into a skipped one; ``SystemExit`` and ``KeyboardInterrupt`` become plain failures;
 - a worker that exits, stops answering before the deadline or breaks the protocol fails the current and every
-  remaining test.
+  remaining test;
+- an agent object takes part in arithmetic and containment only with other agent objects: a value of the test's
+  own (an expected value, a tolerance) is never sent to the agent's process through an operator, so
+  ``abs(got - want) < tol`` cannot be answered by an object whose ``__sub__`` returns 0.0 (it raises TypeError,
+  and the test fails); a test converts an agent value first (``float(x)``, ``list(x)``) and compares here.
 
 The agent's process never sees the tests, their expected values or this process's output; forging a verdict
 there (patching ``json.dumps``, walking frames, writing to descriptors, ``atexit``, signals) changes nothing here.
-One line per test goes to stdout, which only the grader reads. Test ids are ``file.py::test_name`` or
-``file.py::TestClass::test_name``; tests are zero-argument callables using plain ``assert``; a test itself raising
-``unittest.SkipTest`` skips.
+
+Verdicts go on a descriptor of their own (``MIMO_VERDICT_FD``), never on stdout, where test code prints (and may
+print what agent code returned); one ASCII JSON object per line, so no character of a value can start a line.
+Test ids are ``file.py::test_name`` or ``file.py::TestClass::test_name``; tests are zero-argument callables
+using plain ``assert``; a test itself raising ``unittest.SkipTest`` skips.
 """
 
 import os
@@ -149,9 +155,11 @@ def ref(obj):
 
 def _op(name, reflected=False, binary=True):
     def method(self, *args):
+        if binary and args and not isinstance(args[0], Remote):
+            # an operand of the test's own never crosses (``got - want`` must not ask the agent what it is): Python
+            # then tries the other operand and raises TypeError
+            return NotImplemented
         if args and not _transferable(args[0]):
-            if binary:
-                return NotImplemented  # Python then tries the other operand, or raises TypeError
             ref(args[0])  # raises the TypeError that names what cannot cross
         return self._conn.request(("r" if reflected else "") + name, obj=self, args=args)
     method.__name__ = f"__{'r' if reflected else ''}{name}__"
@@ -226,6 +234,9 @@ class Remote:
                 return
 
     def __contains__(self, item):
+        if not isinstance(item, Remote):  # ``want in got`` is decided here: ``want in list(got)``
+            raise TypeError(f"'in' {self!r}: a test's value is never sent to agent code to ask whether it contains "
+                            "it; convert the agent value first (list(x), set(x), str(x))")
         return self._conn.request("contains", obj=self, args=(item,)) is True
 
     def __instancecheck__(self, obj):  # isinstance(x, AgentClass): asked of the agent's process, exact bool
@@ -285,7 +296,7 @@ def _describe(e):
     return (f"{type(e).__name__}: {text}" if text else type(e).__name__)[-500:]
 
 
-def run(tests_dir, ids, conn):
+def run(tests_dir, ids, conn, verdicts):
     modules = {}
     for test_id in ids:
         parts = test_id.split("::")
@@ -311,17 +322,28 @@ def run(tests_dir, ids, conn):
             outcome, message = "passed", ""
         except BaseException as e:  # noqa: BLE001 - whatever a test raises is a failure, unless it skips
             outcome, message = ("skipped" if _is_skip(e) else "failed"), _describe(e)
-        print(json.dumps({"id": test_id, "outcome": outcome, "message": message}), flush=True)
+        verdicts({"id": test_id, "outcome": outcome, "message": message})
+
+
+def verdict_writer(fd):
+    """One ASCII JSON object per line on ``fd`` (``ensure_ascii``: newlines, ``\\x1c``, ``\\u2028`` and every other
+    character of a message arrive escaped, so a line is a verdict or nothing), written whole with one ``os.write``."""
+    def write(record):
+        data = (json.dumps(record, ensure_ascii=True) + "\n").encode("ascii")
+        while data:
+            data = data[os.write(fd, data):]
+    return write
 
 
 def main():
     tests_dir, names, deadline_s, ids = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
     sock = socket.socket(fileno=int(os.environ["MIMO_WIRE_FD"]))
+    verdicts = verdict_writer(int(os.environ["MIMO_VERDICT_FD"]))
     conn = Conn(sock, time.monotonic() + deadline_s)
     sys.meta_path.insert(0, AgentFinder(set(filter(None, names.split(","))), conn))
     sys.path.insert(0, tests_dir)  # helper modules next to the tests (agent package names go to the finder)
-    run(tests_dir, ids, conn)
-    print(json.dumps({"done": True}), flush=True)
+    run(tests_dir, ids, conn, verdicts)
+    verdicts({"done": True})
     sock.close()
 
 

@@ -4,13 +4,13 @@ The grading folder holds the hidden tests and the grader's three scripts (``_wir
 ``_worker.py``, copied from the kit). Two sandboxes start, each with its own leased uid and namespaces, joined only
 by a socket pair: the **worker** sees the patched repository (read-only) and the scripts, never a test; the
 **judge** sees the tests and the scripts, never the agent's files. The judge executes the tests, every use of agent
-code becomes a request the worker answers with data, and the judge prints one verdict line per test on a pipe
-only the grader reads. Nothing the worker prints or writes can become a verdict.
+code becomes a request the worker answers with data, and the judge writes one verdict line per test to a file
+only it holds open (a descriptor passed to it alone, in a root-only folder): not its stdout, where test code
+prints, and never anything the worker can reach. Nothing the worker or a test prints can become a verdict.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -26,8 +26,8 @@ from mimo_kit.envs.sandbox import SandboxConfig, SandboxError, pump, spawn_sandb
 
 #: The grader's scripts, copied read-only into each grading folder (the kit's own tree is never visible inside).
 GRADER_FILES = tuple(Path(__file__).resolve().parent / n for n in ("_wire.py", "_judge.py", "_worker.py"))
-#: The judge's verdict lines are never truncated (one line per test, at most ~600 bytes each).
-JUDGE_OUTPUT_LIMIT = 4 << 20
+#: Bytes of verdicts read back (one line per test, at most ~600 bytes each; a task has at most a few hundred tests).
+VERDICT_LIMIT = 4 << 20
 #: Seconds the judge stops before the grader's deadline, so it reports what it decided instead of being killed.
 JUDGE_MARGIN_S = 0.5
 #: Seconds the worker gets to exit by itself once the judge has closed the wire (its last prints reach the log).
@@ -60,7 +60,11 @@ def judge_tests(hidden_tests: Path, repo_dir: Path, ids: list[str], modules: lis
     prints, then the judge's notes on failures)."""
     work = Path(tempfile.mkdtemp(prefix="mimo-grade-"))  # root-only; each sandbox sees one of its folders
     judge_end, worker_end = socket.socketpair()
+    verdict_fd = -1
     try:
+        # the judge's verdicts: a file in the root-only folder, opened here, reached by the judge only through the
+        # descriptor it inherits (its stdout carries the tests' own prints)
+        verdict_fd = os.open(work / "verdicts", os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         tests, grader = work / "tests", work / "grader"
         shutil.copytree(hidden_tests, tests)
         grader.mkdir()
@@ -76,12 +80,12 @@ def judge_tests(hidden_tests: Path, repo_dir: Path, ids: list[str], modules: lis
                                  repo_dir, cfg=sandbox, pass_fds=(worker_end.fileno(),), env=fd,
                                  visible=(grader,))
         worker_end.close()
-        judge_cfg = dataclasses.replace(sandbox, output_limit=JUDGE_OUTPUT_LIMIT)
         try:
             judge = spawn_sandboxed([python, "-I", "-S", str(grader / "_judge.py"), str(tests),
                                      ",".join(modules), f"{deadline_s:.3f}", *ids], grader,
-                                    cfg=judge_cfg, pass_fds=(judge_end.fileno(),),
-                                    env={"MIMO_WIRE_FD": str(judge_end.fileno())}, visible=(tests,))
+                                    cfg=sandbox, pass_fds=(judge_end.fileno(), verdict_fd),
+                                    env={"MIMO_WIRE_FD": str(judge_end.fileno()),
+                                         "MIMO_VERDICT_FD": str(verdict_fd)}, visible=(tests,))
         except BaseException:
             worker.finish(True)
             raise
@@ -91,16 +95,19 @@ def judge_tests(hidden_tests: Path, repo_dir: Path, ids: list[str], modules: lis
         verdict = judge.finish(timed_out)
         late = pump([worker], min(deadline, time.perf_counter() + WORKER_GRACE_S), worker)
         agent = worker.finish(late)  # whatever the agent's process still does, it ends here
+        verdict_lines = os.pread(verdict_fd, VERDICT_LIMIT, 0).split(b"\n")  # b"\n" only: never str.splitlines
     finally:
         judge_end.close()
         worker_end.close()
+        if verdict_fd >= 0:
+            os.close(verdict_fd)
         shutil.rmtree(work, ignore_errors=True)
     outcomes = {tid: "missing" for tid in ids}
     notes = []
-    for line in verdict.stdout.splitlines():
+    for line in verdict_lines:
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = json.loads(line.decode("ascii"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             continue
         if isinstance(rec, dict) and outcomes.get(rec.get("id")) == "missing" and \
                 rec.get("outcome") in ("passed", "failed", "skipped"):
