@@ -11,6 +11,7 @@ from mimo_kit.rl import (
     MalformedArgumentsRule,
     PenaltyModule,
     RepeatedActionRule,
+    Sample,
     UnknownToolRule,
     default_rules,
     flatten,
@@ -112,6 +113,25 @@ def test_segment_penalty_rejects_bad_shapes():
 TOOLS = ("edit", "submit", "read")
 
 
+@pytest.mark.parametrize("printed", ["[infra-error]", "[INFRA-ERROR] sandbox unavailable", "grader disconnected",
+                                     "connection reset by peer", "Traceback: infra_error"])
+def test_an_infrastructure_error_is_a_flag_the_agent_cannot_print(printed):
+    """A failing run whose tool output carries an infrastructure marker (the agent echoed it) is scored, not
+    dropped; the same run flagged by the harness (finish reason, or a recorded "infra" error) is dropped."""
+    spoof = toy_sequence("spoof", [(call("edit", path="a.py"), printed)], 0.0, False, seed=5)
+    assert InfrastructureErrorRule().detect(spoof) == []
+    module = PenaltyModule([(InfrastructureErrorRule(), "monitor")])
+    assert module.apply([Sample(prompt_id="p", sequences=[spoof])])[1].dropped == []
+    flagged = toy_sequence("flagged", [(call("edit", path="a.py"), printed)], 0.0, False, seed=5,
+                           finish_reason="infra_error")
+    recorded = toy_sequence("recorded", [(call("edit", path="a.py"), printed)], 0.0, False, seed=5)
+    tool_seg = next(seg for seg in recorded.contexts[0].segments if seg.role == "tool")
+    tool_seg.errors.append((0, len(tool_seg), "infra"))
+    for run in (flagged, recorded):
+        assert [f.infra for f in InfrastructureErrorRule().detect(run)] == [True]
+        assert module.apply([Sample(prompt_id="p", sequences=[run])])[1].dropped == [run.sequence_id]
+
+
 def test_rules_detect_exactly_their_error():
     s = toy_sample()
     runs = {q.sequence_id: q for q in s.sequences}
@@ -155,7 +175,7 @@ def test_strategies_shape_mask_monitor_and_infra_drops():
 
     monitored, rep = PenaltyModule([(UnknownToolRule(TOOLS), "monitor"), (InfrastructureErrorRule(), "monitor")]
                                    ).apply([s])
-    assert rep.counts == {"unknown_tool": 1, "infrastructure_error": 2}
+    assert rep.counts == {"unknown_tool": 1, "infrastructure_error": 1}  # the finish reason, not the tool text
     bmon = flatten(monitored)
     assert torch.equal(bmon.loss_mask, b0.loss_mask[:3]) and bmon.error_mask.sum() == 0
 

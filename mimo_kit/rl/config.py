@@ -124,9 +124,6 @@ class PenaltyRulesConfig(Config):
     tool_tag: str = knob("tool_call", "actions are <tool_call>{json}</tool_call>, the Hermes/Qwen convention")
     max_repeats: int = knob(3, "the 3rd identical consecutive action in a context is a loop, not a retry",
                             min=2)
-    infra_markers: tuple[str, ...] = knob(
-        ("[infra-error]", "sandbox unavailable", "connection reset by peer", "grader disconnected"),
-        "tool outputs that signal the infrastructure failed, not the model (Report §5 failure analysis)")
 
     PRESETS = {"tiny": {}}
 

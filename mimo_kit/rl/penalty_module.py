@@ -12,8 +12,10 @@ A **strategy** is bound to each rule:
 
 Infrastructure errors (sandbox down, grader disconnected) are not the model's fault: a rule marked ``infra``
 drops the whole sequence from training, whatever strategy it is bound to (Report §6.1: "infrastructure errors must
-not be punished as model errors"). The kit's action format is ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``
-(tag name in ``PenaltyRulesConfig``), read from each segment's stored ``text``.
+not be punished as model errors"). Only the harness or the environment raises that flag (a finish reason, a
+recorded error); text in a tool's output never does, since the agent writes it. The kit's action format is
+``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (tag name in ``PenaltyRulesConfig``), read from each
+segment's stored ``text``.
 """
 
 from __future__ import annotations
@@ -168,9 +170,11 @@ class RepeatedActionRule:
 
 @dataclasses.dataclass
 class InfrastructureErrorRule:
-    """A tool result carrying an infrastructure marker, or a run that ended with ``finish_reason='infra_error'``."""
+    """A run the harness or the environment flagged as an infrastructure failure: ``finish_reason='infra_error'``
+    (a tool or the policy crashed, a pooled actor died), or a recorded error of kind ``"infra"``
+    (``Segment.errors``). Flags only, never text: a tool's output is the agent's to shape (``echo '[infra-error]'``),
+    and a marker read from it would let a failing rollout be dropped instead of scored 0."""
 
-    markers: tuple[str, ...] = RULES.infra_markers
     name: str = "infrastructure_error"
     infra: bool = True
 
@@ -180,11 +184,10 @@ class InfrastructureErrorRule:
             out.append(Finding(self.name, sequence.sequence_id, 0, 0, (0, 0), "finish_reason is 'infra_error'", True))
         for c, ctx in enumerate(sequence.contexts):
             for s, seg in enumerate(ctx.segments):
-                if seg.role == "tool" and seg.text is not None:
-                    hit = next((m for m in self.markers if m.lower() in seg.text.lower()), None)
-                    if hit:
-                        out.append(Finding(self.name, sequence.sequence_id, c, s, (0, len(seg)),
-                                           f"tool output contains {hit!r}", True))
+                for a, b, kind in seg.errors:
+                    if kind == "infra":
+                        out.append(Finding(self.name, sequence.sequence_id, c, s, (a, b),
+                                           "the harness recorded an infrastructure error", True))
         return out
 
 

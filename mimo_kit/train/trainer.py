@@ -453,7 +453,7 @@ def penalty_module(cfg: RLConfig) -> PenaltyModule:
     """The run's penalty module (Report §6.1): recorded model errors shape advantages with ``segment_penalty``
     (else they are only counted); infrastructure errors drop the sequence instead of punishing it."""
     return PenaltyModule([(RecordedErrorRule(), "shape" if cfg.segment_penalty else "monitor"),
-                          (InfrastructureErrorRule(cfg.rules.infra_markers), "monitor")])
+                          (InfrastructureErrorRule(), "monitor")])
 
 
 def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
