@@ -1,5 +1,7 @@
 """The mini-harness (Report §4.2): formats, tools, limits, context management, recorder, 7 configurations."""
 
+from pathlib import Path
+
 import pytest
 
 from mimo_kit.envs.code import shipped_tasks
@@ -114,7 +116,9 @@ def test_symlink_escape_is_refused():
         seq = run_episode(ScriptedPolicy([render_call("openai", "view", {"path": "link/hostname"}),
                                           render_call("openai", "submit", {})]), env,
                           HarnessConfig(action_format="openai", tools=("view", "submit"))).sequences[0]
-    assert "outside the workspace" in error_segments(seq)[0]["feedback"]
+    feedback = error_segments(seq)[0]["feedback"]
+    host = Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").is_file() else ""
+    assert "links are not followed" in feedback and (not host or host not in feedback)
 
 
 def test_context_management_truncates_elides_and_branches(tmp_path):

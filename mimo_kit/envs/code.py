@@ -41,6 +41,7 @@ from mimo_kit.envs.patches import (  # noqa: F401
     check_patch,
     chmod_tree,
     is_protected,
+    remove_tree,
     restore_protected,
     tree_diff,
     tree_files,
@@ -275,7 +276,7 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
             return _failed(task, patch, f"patched tree refused: {e}", t0)
         outcomes, output = run_hidden_tests(task, fresh, task.f2p + task.p2p, cfg)
     finally:
-        shutil.rmtree(fresh, ignore_errors=True)
+        remove_tree(fresh)
     bad_f2p = [t for t in task.f2p if outcomes[t] != "passed"]
     bad_p2p = [t for t in task.p2p if outcomes[t] not in ("passed", "skipped")]
     passed = not bad_f2p and not bad_p2p
@@ -301,7 +302,7 @@ class GradeCache:
         self.hits = self.misses = 0
 
     def grade(self, task: CodeTask, patch: str, cfg: CodeEnvConfig) -> CodeGrade:
-        key = (str(task.root), hashlib.sha256(patch.encode()).hexdigest())
+        key = (str(task.root), hashlib.sha256(patch.encode("utf-8", "surrogatepass")).hexdigest())
         with self._lock:
             hit = self._d.get(key)
             self.hits += hit is not None

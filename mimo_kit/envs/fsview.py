@@ -102,7 +102,8 @@ def _covered(path: str, binds: list[Bind]) -> bool:
 
 
 def build_view(stage: str, cwd: str, *, home: str | None, scratch_mb: int, owner: int | None,
-               visible: tuple[str, ...] = (), writable: tuple[str, ...] = (), hide: tuple[str, ...] = ()) -> View:
+               visible: tuple[str, ...] = (), writable: tuple[str, ...] = (), hide: tuple[str, ...] = (),
+               scratch_files: int | None = None) -> View:
     """Plan the view: system folders and Python read-only, ``cwd`` + ``home`` + ``writable`` read-write, the rest
     of ``visible`` read-only, a private scratch tmpfs, and ``hide`` covered. Paths must be absolute."""
     links: list[tuple[bytes, bytes]] = []
@@ -119,7 +120,8 @@ def build_view(stage: str, cwd: str, *, home: str | None, scratch_mb: int, owner
             raise FileNotFoundError(f"sandbox view: {path!r} does not exist")
         if path in rw or not _covered(path, binds):
             binds.append(Bind(path.encode(), path.encode(), path in rw, os.path.isdir(path), _locked_flags(path)))
-    return View(stage.encode(), tuple(links), tuple(binds), f"size={scratch_mb}m,mode=0755".encode(),
+    scratch = f"size={scratch_mb}m,mode=0755" + (f",nr_inodes={scratch_files}" if scratch_files else "")
+    return View(stage.encode(), tuple(links), tuple(binds), scratch.encode(),
                 None if home else b"/tmp/home", owner, tuple(os.path.realpath(h).encode() for h in hide),
                 os.path.realpath(cwd).encode(), SYS_PIVOT_ROOT.get(platform.machine(), 0))
 

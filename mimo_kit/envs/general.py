@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mimo_kit.envs.patches import UnsafePatch, read_regular
-from mimo_kit.envs.tools import Tool, ToolError
+from mimo_kit.envs.tools import VIEW_MAX_BYTES, Tool, ToolError, open_in_workspace
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
 SEED = DATA_DIR / "shop_seed.json"
@@ -193,18 +193,23 @@ def shop_tools(ws: Path | None) -> list[Tool]:
         _q(db, "UPDATE inventory SET qty = qty + ? WHERE sku = ?", (quantity, sku))
         return f"{sku} +{quantity}"
 
-    def write_note(path: str, content: str) -> str:
-        p = (ws / "notes" / path).resolve()
-        if (ws / "notes").resolve() not in p.parents:
-            raise ToolError(f"write_note: path {path!r} must stay inside notes/")
-        p.write_text(content)
+    def write_note(path: str, content: str) -> str:  # through descriptors that follow no link (the agent's folder)
+        fd, st = open_in_workspace(ws / "notes", path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        with os.fdopen(fd, "wb") as fh:
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"write_note: {path!r} is not a regular file")
+            fh.write(content.encode("utf-8"))
         return f"wrote notes/{path}"
 
     def read_note(path: str) -> str:
-        p = (ws / "notes" / path).resolve()
-        if (ws / "notes").resolve() not in p.parents or not p.is_file():
-            raise ToolError(f"read_note: no note {path!r}")
-        return p.read_text()
+        try:
+            fd, st = open_in_workspace(ws / "notes", path)
+        except ToolError:
+            raise ToolError(f"read_note: no note {path!r}") from None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"read_note: no note {path!r}")
+            return fh.read(VIEW_MAX_BYTES).decode("utf-8", "replace")
 
     S, INT, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
     obj = lambda **props: {"type": "object", "properties": props, "required": list(props)}  # noqa: E731

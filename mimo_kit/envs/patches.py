@@ -5,7 +5,10 @@ hostile input:
 
 - :func:`tree_files` reads regular files only (symlinks, FIFOs, sockets and devices never enter a diff and are
   never opened) and **refuses file names with control characters**, backslashes or double quotes: a newline in a
-  name would inject headers into the diff (a symlink creation, a mode change);
+  name would inject headers into the diff (a symlink creation, a mode change); names that are not UTF-8, paths
+  deeper or longer than a real repository's and trees of more files than one are refused too (:func:`check_path`,
+  :data:`MAX_TREE_FILES`), and every walk and removal is iterative (:func:`walk`, :func:`remove_tree`), so no
+  tree the agent shapes can exhaust the grader's stack;
 - :func:`tree_diff` splits lines on ``\\n`` only, exactly as ``git apply`` counts them;
 - :func:`check_patch` accepts only git's text format for edits, new and deleted **regular** files (mode 100644):
   no symlinks, no mode changes, no renames or copies, no binary patches, no absolute paths, no ``..``, no
@@ -36,6 +39,16 @@ PROTECTED = ("tests/*", "test_*.py", "*/test_*.py", "conftest.py", "*/conftest.p
 IGNORED_DIRS = {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".venv", ".task_logs"}
 #: Largest agent-written file the root grader reads (a PoC, a drawing, a note): toy ones are a few KB.
 AGENT_FILE_LIMIT = 8 << 20
+#: Folder depth of a path the grader handles: real repositories stay under ~20; an agent's 1,100 nested folders
+#: would otherwise cost a root-owned walk (and, recursive, the grader's stack).
+MAX_PATH_DEPTH = 32
+#: Characters in one path the grader handles (git and Linux allow 4,096): a longer one is an attack, not code.
+MAX_PATH_CHARS = 1024
+#: Bytes in one path component (the Linux file-name limit).
+MAX_NAME_BYTES = 255
+#: Files in a tree the grader reads (a toy repository holds tens): 40,000 empty files cost the host kernel memory
+#: and the diff seconds, and are refused by count before any is read.
+MAX_TREE_FILES = 5000
 _BAD_CHARS = re.compile(r'[\x00-\x1f\x7f\\"]')
 _HEADER = [re.compile(p) for p in (r"^new file mode 100644$", r"^deleted file mode 100644$",
                                    r"^index [0-9a-f]{4,64}\.\.[0-9a-f]{4,64}( 100644)?$")]
@@ -47,7 +60,19 @@ class UnsafePatch(ValueError):
 
 
 def check_path(path: str, where: str = "workspace file name") -> str:
-    """A relative POSIX path of plain components: no control characters, quotes, backslashes, ``..`` or ``.git``."""
+    """A relative POSIX path of plain components: valid UTF-8, no control characters, quotes, backslashes, ``..``
+    or ``.git``, at most :data:`MAX_PATH_DEPTH` folders deep and :data:`MAX_PATH_CHARS` long."""
+    shown = repr(path if len(path) <= 120 else path[:60] + "…" + path[-40:])
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:  # os.walk hands undecodable bytes over as lone surrogates
+        raise UnsafePatch(f"{where} {shown} is not valid UTF-8: refused") from None
+    if len(path) > MAX_PATH_CHARS or any(len(p.encode()) > MAX_NAME_BYTES for p in path.split("/")):
+        raise UnsafePatch(f"{where} {shown} has {len(path):,} characters: expected at most {MAX_PATH_CHARS} "
+                          f"and at most {MAX_NAME_BYTES} bytes per name")
+    if path.count("/") >= MAX_PATH_DEPTH:
+        raise UnsafePatch(f"{where} {shown} is {path.count('/') + 1} levels deep: expected at most "
+                          f"{MAX_PATH_DEPTH}")
     m = _BAD_CHARS.search(path)
     if m:
         raise UnsafePatch(f"{where} {path!r} contains {m.group()!r}: expected printable characters without "
@@ -58,19 +83,93 @@ def check_path(path: str, where: str = "workspace file name") -> str:
     return path
 
 
+def walk(root: str | Path, skip: set[str] | frozenset[str] = frozenset()):
+    """``os.walk`` without recursion (top-down, folders named in ``skip`` not entered, links never followed):
+    yields ``(dirpath, dirs, files)``; a folder deeper than :data:`MAX_PATH_DEPTH` raises :class:`UnsafePatch`."""
+    root = os.fspath(root)
+    stack = [(root, 0)]
+    while stack:
+        top, depth = stack.pop()
+        if depth > MAX_PATH_DEPTH:
+            raise UnsafePatch(f"tree {root!r} is more than {MAX_PATH_DEPTH} folders deep: refused")
+        dirs, files = [], []
+        try:
+            with os.scandir(top) as it:
+                for e in it:
+                    (dirs if e.is_dir(follow_symlinks=False) else files).append(e.name)
+        except OSError:
+            continue  # gone or unreadable, as os.walk
+        dirs = sorted(d for d in dirs if d not in skip)
+        yield top, dirs, sorted(files)
+        stack.extend((os.path.join(top, d), depth + 1) for d in reversed(dirs))
+
+
+def remove_tree(path: str | Path) -> None:
+    """Remove a tree without recursion, without following links and without full paths (one directory
+    descriptor open at a time, names relative to it: no depth or ``PATH_MAX`` limit); what cannot be removed is
+    left, like ``shutil.rmtree(ignore_errors=True)``, which recurses once per folder."""
+    path = os.fspath(path)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        try:
+            os.unlink(path)  # a file or a link where the tree was expected
+        except OSError:
+            pass
+        return
+    names: list[str] = []  # the folders below ``path`` that ``fd`` is in
+    try:
+        while True:
+            sub = None
+            for name in os.listdir(fd):
+                try:
+                    if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                        sub = name
+                        break
+                    os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
+            if sub is not None:
+                try:
+                    nxt = os.open(sub, flags, dir_fd=fd)
+                except OSError:
+                    return  # unreadable: leave the rest
+                os.close(fd)
+                fd, names = nxt, names + [sub]
+                continue
+            if not names:  # ``path`` itself is empty now
+                break
+            parent = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            try:
+                os.rmdir(names.pop(), dir_fd=fd)
+            except OSError:
+                return
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
 def tree_files(root: str | Path, max_bytes: int | None = None) -> dict[str, bytes]:
     """``{relative path: bytes}`` of the regular files of a tree, skipping caches, VCS folders and anything that
-    is not a regular file; a file name that could inject diff headers, or more than ``max_bytes`` in all, raises
-    :class:`UnsafePatch`."""
+    is not a regular file; a file name that could inject diff headers, more than :data:`MAX_TREE_FILES` files or
+    more than ``max_bytes`` in all raises :class:`UnsafePatch`."""
     root = Path(root)
     out = {}
-    total = 0
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in IGNORED_DIRS)
-        for name in sorted(files) + [d for d in dirs]:
+    total = count = 0
+    for dirpath, dirs, files in walk(root, IGNORED_DIRS):
+        count += len(files) + len(dirs)
+        if count > MAX_TREE_FILES:
+            raise UnsafePatch(f"tree {str(root)!r} holds more than {MAX_TREE_FILES:,} files and folders: refused")
+        for name in files + dirs:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
             check_path(rel)
-        for name in sorted(files):
+        for name in files:
             if name.endswith((".pyc", ".orig", ".rej")):
                 continue
             p = Path(dirpath) / name
@@ -223,7 +322,7 @@ def apply_patch(root: str | Path, patch: str) -> tuple[bool, str]:
 
 def verify_tree(root: str | Path) -> None:
     """Raise :class:`UnsafePatch` if ``root`` holds anything but folders and regular files."""
-    for dirpath, dirs, files in os.walk(root):
+    for dirpath, dirs, files in walk(root):
         for name in dirs + files:
             p = os.path.join(dirpath, name)
             mode = os.lstat(p).st_mode
@@ -234,7 +333,7 @@ def verify_tree(root: str | Path) -> None:
 
 def chmod_tree(root: str | Path, dir_mode: int = 0o755, file_mode: int = 0o644) -> None:
     """chmod every folder and regular file below ``root`` through ``O_NOFOLLOW`` descriptors (never a link)."""
-    for dirpath, dirs, files in os.walk(root):
+    for dirpath, dirs, files in walk(root):
         for name, is_dir in [(None, True)] + [(d, True) for d in dirs] + [(f, False) for f in files]:
             p = dirpath if name is None else os.path.join(dirpath, name)
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_DIRECTORY if is_dir else os.O_NONBLOCK)
@@ -305,8 +404,7 @@ def restore_protected(root: str | Path, base: str | Path) -> list[str]:
 def _links(root: Path) -> set[str]:
     """Relative paths of the symlinks (and other non-regular files) below ``root``."""
     out = set()
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d not in IGNORED_DIRS]
+    for dirpath, dirs, files in walk(root, IGNORED_DIRS):
         for name in files + dirs:
             p = os.path.join(dirpath, name)
             if not (stat.S_ISREG(os.lstat(p).st_mode) or stat.S_ISDIR(os.lstat(p).st_mode)):

@@ -85,6 +85,9 @@ class SandboxConfig(Config):
     scratch_mb: int = knob(64, "private tmpfs behind /tmp, /var/tmp, /dev/shm, /run/lock; a toy build needs a few MB",
                            min=1)
     disk_mb: int = knob(256, "size of an episode's volume (workspace + HOME on tmpfs); a toy repo is < 1 MB", min=4)
+    max_files: int = knob(20_000, "inodes of an episode's volume and of a command's scratch (tmpfs nr_inodes): a "
+                                  "toy repo and its build hold hundreds; 40,000 empty files cost the host ~40 MB of "
+                                  "kernel memory and the grader's diff seconds", min=64)
     output_limit: int = knob(64_000, "bytes of stdout and of stderr kept (half head, half tail): a model reads it",
                              min=256)
     network: bool = knob(False, "Report §4.2: network isolation; True only for a deliberately uncleaned variant")
@@ -302,6 +305,7 @@ def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxCo
         if view_on:
             stage = tempfile.mkdtemp(prefix="mimo-stage-")
             view = fsview.build_view(stage, str(cwd), home=str(home) if home else None, scratch_mb=cfg.scratch_mb,
+                                     scratch_files=cfg.max_files,
                                      owner=uid, visible=tuple(str(v) for v in visible),
                                      writable=tuple(str(w) for w in writable),
                                      hide=tuple(str(h) for h in hide_paths))

@@ -7,17 +7,35 @@ becomes an error observation naming the bad value, never an exception in the loo
 Standard tools act on the episode's :class:`Workspace`: ``bash`` (run in the sandbox as the episode's uid),
 ``view`` (a file with line numbers, optionally a range), ``str_replace`` (replace one unique occurrence),
 ``submit``. Environments add domain tools (the general tasks' API mocks).
+
+Every argument is the agent's: a string with a NUL byte or that is not UTF-8 text, a command longer than the
+kernel passes, a path through a symlink (a loop, a link into ``/proc/1/root``), a file that is not UTF-8 under
+``str_replace``: each is the action's :class:`ToolError` with a reason, never an exception that would end the
+episode as the infrastructure's fault. ``view`` and ``str_replace`` run as the grader (root), so they open the
+file through descriptors that follow no link (:func:`open_in_workspace`) and read a bounded window.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mimo_kit.envs.sandbox import SandboxConfig, run_sandboxed
+
+#: Characters of a bash command: Linux passes it as one argument of at most 128 KiB (``MAX_ARG_STRLEN``), and a
+#: real command is a few lines; a longer one is refused as the action's error.
+MAX_COMMAND_CHARS = 64 * 1024
+#: Bytes of a file ``view`` reads (a window from the start; ``bash`` with ``sed -n`` reaches further): a 64 MB file
+#: of newlines must not become gigabytes of numbered lines in the root grader.
+VIEW_MAX_BYTES = 1 << 20
+#: Lines one ``view`` shows (the observation is cut to the harness's ``obs_max_chars`` after that anyway).
+VIEW_MAX_LINES = 2000
+#: Bytes of a file ``str_replace`` edits (the per-file limit of a workspace is larger; source files are KBs).
+EDIT_MAX_BYTES = 8 << 20
 
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
                "object": dict}
@@ -53,6 +71,25 @@ def validate_args(tool: Tool, args: dict[str, Any]) -> None:
             raise ToolError(f"{tool.name}: argument {key}={value!r}, expected {spec['type']}")
         if "enum" in spec and value not in spec["enum"]:
             raise ToolError(f"{tool.name}: argument {key}={value!r}, expected one of {spec['enum']}")
+        if isinstance(value, str):
+            check_text(value, f"{tool.name}: argument {key}")
+
+
+def check_text(value: str, where: str) -> str:
+    """Text an agent sends to a tool: no NUL byte (no path or command can hold one) and valid UTF-8 (no lone
+    surrogate, which JSON's ``\\udcff`` escapes allow); else :class:`ToolError` naming it."""
+    if "\x00" in value:
+        raise ToolError(f"{where} contains a NUL byte at character {value.index(chr(0))}: not allowed")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError(f"{where} is not valid UTF-8 text (character {e.start})") from None
+    return value
+
+
+def shown_name(name: str) -> str:
+    """A file name as the agent may read it: undecodable bytes (lone surrogates from ``os.listdir``) replaced."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 class ToolRegistry:
@@ -88,16 +125,44 @@ class Workspace:
     network: bool = False
     commands: list[str] = dataclasses.field(default_factory=list)  # every bash command, for the audit
 
-    def resolve(self, path: str) -> Path:
-        """A workspace path; anything resolving outside (``..``, absolute, symlinks) is refused by name."""
-        p = (self.root / path).resolve()
-        if p != self.root.resolve() and self.root.resolve() not in p.parents:
-            raise ToolError(f"path {path!r} is outside the workspace")
-        return p
+    def open(self, path: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+        """``(descriptor, stat)`` of a workspace path: :func:`open_in_workspace`."""
+        return open_in_workspace(self.root, path, flags)
+
+
+def open_in_workspace(root: Path, path: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+    """Open ``root/path`` one component at a time with ``O_NOFOLLOW``: no symlink is followed anywhere (a loop, a
+    link into ``/proc/1/root`` or out of the workspace is refused by name), ``..`` and absolute paths are refused,
+    ``.`` or ``""`` is the workspace itself; a file made with ``O_CREAT`` gets mode 0644. Returns the descriptor
+    (the caller closes it) and its ``fstat``."""
+    check_text(path, "path")
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if path.startswith("/") or ".." in parts:
+        raise ToolError(f"path {path!r} is outside the workspace: expected a path relative to it, without '..'")
+    if len(parts) > 64 or len(path) > 4096:
+        raise ToolError(f"path of {len(path):,} characters and {len(parts)} parts: too long")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            nxt = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_NONBLOCK
+                          | os.O_CLOEXEC, 0o644, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return fd, os.fstat(fd)
+    except FileNotFoundError:
+        os.close(fd)
+        raise ToolError(f"no file {path!r}") from None
+    except OSError as e:  # ELOOP, ENOTDIR, EISDIR, ENAMETOOLONG, EACCES: the path itself is the problem
+        os.close(fd)
+        raise ToolError(f"path {path!r}: {e.strerror} (links are not followed)") from None
 
 
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
     def bash(command: str) -> str:
+        if len(command) > MAX_COMMAND_CHARS:
+            raise ToolError(f"bash: a command of {len(command):,} characters; at most {MAX_COMMAND_CHARS:,} "
+                            "(write long content to a file in several commands)")
         ws.commands.append(command)
         r = run_sandboxed(command, ws.root, timeout_s=timeout_s, cfg=ws.sandbox, uid=ws.uid, home=ws.home,
                           network=ws.network)
@@ -110,18 +175,32 @@ def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
 
 def view_tool(ws: Workspace) -> Tool:
     def view(path: str, start: int = 1, end: int = -1) -> str:
-        p = ws.resolve(path)
         ws.commands.append(f"view {path}")
-        if p.is_dir():
-            return "\n".join(sorted(e.name + ("/" if e.is_dir() else "") for e in p.iterdir()
-                                    if e.name != ".git"))
-        if not p.is_file():
-            raise ToolError(f"view: no file {path!r}")
-        lines = p.read_text(errors="replace").splitlines()
+        fd, st = ws.open(path)
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                names = sorted(os.listdir(fd))
+                return "\n".join(shown_name(n) + ("/" if _is_dir(fd, n) else "") for n in names if n != ".git")
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"view: {path!r} is not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                data = fh.read(VIEW_MAX_BYTES + 1)
+        finally:
+            os.close(fd)
+        cut = len(data) > VIEW_MAX_BYTES
+        lines = data[:VIEW_MAX_BYTES].decode("utf-8", "replace").split("\n")
+        if lines[-1] == "":
+            lines.pop()
         end = len(lines) if end == -1 else end
+        where = f"the first {VIEW_MAX_BYTES:,} bytes of " if cut else ""
         if not 1 <= start <= max(1, end) or end > len(lines):
-            raise ToolError(f"view: range [{start}, {end}] is outside 1..{len(lines)} of {path!r}")
-        return "\n".join(f"{i:5d}  {line}" for i, line in enumerate(lines[start - 1:end], start))
+            raise ToolError(f"view: range [{start}, {end}] is outside 1..{len(lines)} of {where}{path!r}")
+        end = min(end, start + VIEW_MAX_LINES - 1)
+        body = "\n".join(f"{i:5d}  {line}" for i, line in enumerate(lines[start - 1:end], start))
+        if cut or end < len(lines):
+            body += (f"\n[shown: lines {start}-{end} of {where}{path} ({st.st_size:,} bytes); "
+                     "view a range with start/end, or use bash]")
+        return body
 
     return Tool("view", "show a file with line numbers (or a directory listing)",
                 {"type": "object", "properties": {"path": {"type": "string"}, "start": {"type": "integer"},
@@ -130,17 +209,27 @@ def view_tool(ws: Workspace) -> Tool:
 
 def edit_tool(ws: Workspace) -> Tool:
     def str_replace(path: str, old_str: str, new_str: str) -> str:
-        p = ws.resolve(path)
         ws.commands.append(f"str_replace {path}")
-        if not p.is_file():
-            raise ToolError(f"str_replace: no file {path!r}")
-        text = p.read_text()
-        n = text.count(old_str)
-        if n != 1:
-            raise ToolError(f"str_replace: old_str occurs {n} times in {path!r}, expected exactly once")
-        p.write_text(text.replace(old_str, new_str))
-        if ws.uid is not None:
-            os.chown(p, ws.uid, ws.uid)
+        fd, st = ws.open(path, os.O_RDWR)
+        with os.fdopen(fd, "r+b") as fh:
+            if not stat.S_ISREG(st.st_mode):
+                raise ToolError(f"str_replace: {path!r} is not a regular file")
+            if st.st_size > EDIT_MAX_BYTES:
+                raise ToolError(f"str_replace: {path!r} has {st.st_size:,} bytes; it edits files up to "
+                                f"{EDIT_MAX_BYTES:,}")
+            try:
+                text = fh.read(EDIT_MAX_BYTES + 1).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ToolError(f"str_replace: {path!r} is not UTF-8 text (byte {e.start}); edit it with bash") \
+                    from None
+            n = text.count(old_str)
+            if n != 1:
+                raise ToolError(f"str_replace: old_str occurs {n} times in {path!r}, expected exactly once")
+            fh.seek(0)
+            fh.truncate()
+            fh.write(text.replace(old_str, new_str).encode("utf-8"))
+            if ws.uid is not None:
+                os.fchown(fd, ws.uid, ws.uid)
         return f"edited {path}"
 
     return Tool("str_replace", "replace the unique occurrence of old_str in a file by new_str",
@@ -152,3 +241,10 @@ def edit_tool(ws: Workspace) -> Tool:
 def submit_tool() -> Tool:
     return Tool("submit", "submit the workspace for grading; ends the episode",
                 {"type": "object", "properties": {}, "required": []}, lambda: "submitted", ends_episode=True)
+
+
+def _is_dir(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
 from mimo_kit.envs.isolation import capabilities, warn_once
+from mimo_kit.envs.patches import remove_tree
 
 MNT_DETACH = 2
 MS_NOSUID, MS_NODEV = 2, 4
@@ -28,16 +28,19 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class EpisodeVolume:
-    """``with EpisodeVolume(disk_mb) as path: ...``: a root-only (0711) folder on its own tmpfs of ``disk_mb``."""
+    """``with EpisodeVolume(disk_mb) as path: ...``: a root-only (0711) folder on its own tmpfs of ``disk_mb`` and
+    at most ``max_files`` inodes (files and folders: creating more fails with ``ENOSPC`` inside the sandbox)."""
 
-    def __init__(self, disk_mb: int, prefix: str = "mimo-episode-"):
+    def __init__(self, disk_mb: int, prefix: str = "mimo-episode-", max_files: int | None = None):
         if not isinstance(disk_mb, int) or disk_mb < 1:
             raise ValueError(f"EpisodeVolume: disk_mb={disk_mb!r}, expected a positive number of MiB")
-        self.disk_mb = disk_mb
+        if max_files is not None and (not isinstance(max_files, int) or max_files < 1):
+            raise ValueError(f"EpisodeVolume: max_files={max_files!r}, expected a positive number of inodes")
+        self.disk_mb, self.max_files = disk_mb, max_files
         self.path = Path(tempfile.mkdtemp(prefix=prefix))
         self.mounted = False
         if capabilities().volume:
-            opts = f"size={disk_mb}m,mode=0711".encode()
+            opts = (f"size={disk_mb}m,mode=0711" + (f",nr_inodes={max_files}" if max_files else "")).encode()
             if _libc.mount(b"tmpfs", str(self.path).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0:
                 self.mounted = True
         if not self.mounted:
@@ -53,7 +56,7 @@ class EpisodeVolume:
         if self.mounted:
             _libc.umount2(str(self.path).encode(), MNT_DETACH)
             self.mounted = False
-        shutil.rmtree(self.path, ignore_errors=True)
+        remove_tree(self.path)  # iterative: an unmounted (degraded) volume holds whatever the agent built
 
     def __enter__(self) -> Path:
         return self.path

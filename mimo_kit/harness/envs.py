@@ -24,7 +24,7 @@ class BaseEnv:
 
     def __init__(self, sandbox: SandboxConfig | None = None, network: bool = False):
         self.sandbox = sandbox or SandboxConfig()
-        self.volume = EpisodeVolume(self.sandbox.disk_mb)
+        self.volume = EpisodeVolume(self.sandbox.disk_mb, max_files=self.sandbox.max_files)
         self.tmp = self.volume.path
         uid = new_uid(self.sandbox) if os.geteuid() == 0 and self.sandbox.drop_privileges else None
         (self.tmp / "home").mkdir()

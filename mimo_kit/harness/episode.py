@@ -176,6 +176,10 @@ class HarnessEpisode:
                 calls, error = [], "format"
                 observations.append(f"Format error: {e}")
                 self.format_errors += 1
+            except Exception as e:  # noqa: BLE001 - whatever the model typed is the model's error, never infra
+                calls, error = [], "format"
+                observations.append(f"Format error: the reply cannot be read ({type(e).__name__})")
+                self.format_errors += 1
             else:
                 self.format_errors = 0
             for call in calls:

@@ -28,6 +28,18 @@ class FormatError(ValueError):
     """The model's output cannot be read as an action; the message is the feedback the model gets."""
 
 
+def loads(text: str, what: str) -> Any:
+    """``json.loads`` of model text: whatever it fails on (a syntax error, 3,000 nested ``[``, a 5,000-digit
+    number over Python's int-conversion limit) is the model's :class:`FormatError`, never an exception that ends
+    the episode or the batch."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FormatError(f"{what} are not valid JSON: {e.msg} at char {e.pos}") from None
+    except (ValueError, RecursionError) as e:  # int digits limit, nesting deeper than the parser's stack
+        raise FormatError(f"{what} cannot be read: {type(e).__name__}: {str(e)[:120]}") from None
+
+
 class ActionFormat:
     name = "base"
 
@@ -63,10 +75,7 @@ class FencedFormat(ActionFormat):
         if lang == "tool":
             if not name:
                 raise FormatError("a ```tool block needs a tool name after 'tool', e.g. ```tool view")
-            try:
-                args = json.loads(body) if body.strip() else {}
-            except json.JSONDecodeError as e:
-                raise FormatError(f"arguments of tool {name!r} are not valid JSON: {e.msg} at char {e.pos}") from None
+            args = loads(body, f"arguments of tool {name!r}") if body.strip() else {}
             if not isinstance(args, dict):
                 raise FormatError(f"arguments of tool {name!r} must be a JSON object, got {type(args).__name__}")
             return [ToolCall(name, args)]
@@ -82,10 +91,7 @@ class OpenAIFormat(ActionFormat):
     name = "openai"
 
     def parse(self, text: str) -> list[ToolCall]:
-        try:
-            msg = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise FormatError(f"reply is not a JSON message: {e.msg} at char {e.pos}") from None
+        msg = loads(text, "the reply's contents (expected a JSON message)")
         calls = msg.get("tool_calls") if isinstance(msg, dict) else None
         if not isinstance(calls, list) or not calls:
             raise FormatError("expected a JSON object with a non-empty 'tool_calls' list")
@@ -95,10 +101,7 @@ class OpenAIFormat(ActionFormat):
             if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
                 raise FormatError(f"tool_calls[{i}] needs a 'function' object with a string 'name'")
             raw = fn.get("arguments", "{}")
-            try:
-                args = json.loads(raw) if isinstance(raw, str) else raw
-            except json.JSONDecodeError as e:
-                raise FormatError(f"tool_calls[{i}] ({fn['name']}): arguments are not valid JSON: {e.msg}") from None
+            args = loads(raw, f"tool_calls[{i}] ({fn['name']}): arguments") if isinstance(raw, str) else raw
             if not isinstance(args, dict):
                 raise FormatError(f"tool_calls[{i}] ({fn['name']}): arguments must be a JSON object")
             out.append(ToolCall(fn["name"], args))
@@ -128,8 +131,8 @@ class XMLFormat(ActionFormat):
             for key, value in self._ARG.findall(body):
                 value = value.strip("\n")
                 try:  # numbers and lists arrive as JSON, everything else as text
-                    args[key] = json.loads(value) if value[:1] in "[{0123456789-" else value
-                except json.JSONDecodeError:
+                    args[key] = loads(value, "") if value[:1] in "[{0123456789-" else value
+                except FormatError:
                     args[key] = value
             leftover = self._ARG.sub("", body).strip()
             if leftover:

@@ -142,6 +142,24 @@ def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[
     return engine.generate(requests)
 
 
+def _act_one(r: Rollout, action: list[int], finish_reason: str) -> Any:
+    """One episode's ``act``; an exception ends that rollout as ``infra_error`` (the penalty module drops it),
+    never the batch: the other rollouts of the step go on (Report §6)."""
+    try:
+        return r.episode.act(action, finish_reason)
+    except Exception as e:  # noqa: BLE001 - one episode's failure is that episode's
+        return Turn(done=True, infra_error=f"episode.act raised {type(e).__name__}: {str(e)[:300]}")
+
+
+def _outcome_one(r: Rollout) -> Outcome:
+    """One episode's ``outcome``; an exception makes it an ``infra_error`` rollout (dropped, not scored 0)."""
+    try:
+        return r.episode.outcome()
+    except Exception as e:  # noqa: BLE001 - one episode's failure is that episode's
+        r.finish, r.infra_error = "infra_error", f"episode.outcome raised {type(e).__name__}: {str(e)[:300]}"
+        return Outcome(0.0, False, {})
+
+
 def _act(acting: list[tuple], workers: int) -> list[Any]:
     """Each episode's ``act`` on its action, in order, or in ``workers`` threads (episodes are independent).
 
@@ -158,7 +176,7 @@ def _act(acting: list[tuple], workers: int) -> list[Any]:
         for i, turn in zip(idx, b.act_many([(acting[i][0].episode, acting[i][1], acting[i][6]) for i in idx])):
             out[i] = turn
     rest = [i for i in range(len(acting)) if out[i] is None]
-    call = lambda i: acting[i][0].episode.act(acting[i][1], acting[i][6])  # noqa: E731
+    call = lambda i: _act_one(acting[i][0], acting[i][1], acting[i][6])  # noqa: E731
     if workers > 1 and len(rest) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -266,9 +284,9 @@ def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(workers) as pool:
-            graded = list(pool.map(lambda r: r.episode.outcome(), rest))
+            graded = list(pool.map(_outcome_one, rest))
     else:
-        graded = [r.episode.outcome() for r in rest]
+        graded = [_outcome_one(r) for r in rest]
     it = iter(graded)
     results = [got[i] if i in got else next(it) for i in range(len(todo))]
     for r, o in zip(todo, results):
