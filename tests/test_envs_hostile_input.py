@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mimo_kit.envs import seccomp
 from mimo_kit.envs.code import CodeEnvConfig, grade_patch, shipped_tasks
 from mimo_kit.envs.patches import MAX_PATH_DEPTH, MAX_TREE_FILES, remove_tree, walk
 from mimo_kit.envs.sandbox import SandboxConfig
-from mimo_kit.envs.tools import VIEW_MAX_LINES, ToolError, ToolRegistry, Workspace, edit_tool, view_tool
+from mimo_kit.envs.tools import VIEW_MAX_LINES, ToolError, ToolRegistry, Workspace, bash_tool, edit_tool, view_tool
 from mimo_kit.harness import HARNESSES, ScriptedPolicy, run_episode
 from mimo_kit.harness.envs import CodeEnv
 from mimo_kit.harness.formats import FORMATS, FormatError, render_call
@@ -263,3 +264,69 @@ def test_root_side_tools_fail_only_with_tool_errors(tmp_path, name, args):
     except ToolError:
         pass
     assert canary.read_text() == "keep"
+
+
+# ---- kernel keyrings: no channel between episodes (the seccomp layer) ------------------------------------------
+def _bpf_run(code: bytes, arch: int, nr: int) -> int:
+    """A classic-BPF interpreter for the four instructions the filter uses, over ``struct seccomp_data``."""
+    import struct
+
+    insns = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+    data = {0: nr & 0xFFFFFFFF, 4: arch}
+    pc = acc = 0
+    while True:
+        op, jt, jf, k = insns[pc]
+        if op == 0x20:
+            acc = data[k]
+        elif op == 0x15:
+            pc += jt if acc == k else jf
+        elif op == 0x35:
+            pc += jt if acc >= k else jf
+        elif op == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF opcode {op:#x}")
+        pc += 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(machine=st.sampled_from(sorted(seccomp.ARCHES)), nr=st.integers(0, 0x4FFFFFFF))
+def test_the_seccomp_program_denies_exactly_its_list(machine, nr):
+    arch, numbers = seccomp.ARCHES[machine]
+    code = seccomp.program(machine)
+    deny = seccomp.SECCOMP_RET_ERRNO | seccomp.EPERM
+    x32 = machine == "x86_64" and nr >= seccomp.X32_SYSCALL_BIT
+    want = deny if x32 or nr in set(numbers.values()) else seccomp.SECCOMP_RET_ALLOW
+    assert _bpf_run(code, arch, nr) == want
+    for name in seccomp.DENIED:
+        assert _bpf_run(code, arch, numbers[name]) == deny
+    assert _bpf_run(code, 0x40000003, 0) == deny  # another ABI (i386) is never allowed through
+
+
+KEY_SCRIPT = """import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+nr = {nr}
+key = libc.syscall(nr["add_key"], b"user", b"{marker}", b"the hidden inputs", 17, ctypes.c_int(-4))
+print("add_key", key, ctypes.get_errno())
+if key > 0:
+    libc.syscall(nr["keyctl"], 5, key, 0x3f3f3f3f)  # KEYCTL_SETPERM: everyone may view and read
+print("x32 keyctl", libc.syscall(0x40000000 + nr["keyctl"], 0, -4, 0), ctypes.get_errno())
+"""
+
+
+def test_kernel_keyrings_are_no_channel_between_episodes():
+    from mimo_kit.envs.isolation import capabilities
+
+    if not capabilities().seccomp:
+        pytest.skip("no seccomp filter on this machine (see mimo-kit env-check)")
+    marker = f"mimo-leak-{os.getpid()}"
+    numbers = seccomp.ARCHES[seccomp.platform.machine()][1]
+    script = KEY_SCRIPT.format(nr={k: numbers[k] for k in ("add_key", "keyctl")}, marker=marker)
+    with CodeEnv(TASK) as first:
+        (first.workspace.root / "k.py").write_text(script)
+        wrote = ToolRegistry([bash_tool(first.workspace, 20.0)]).call("bash", {"command": "python3 k.py"})
+    with CodeEnv(TASK) as later:  # another episode, another uid
+        listing = ToolRegistry([bash_tool(later.workspace, 20.0)]).call("bash", {"command": "cat /proc/keys"})
+    assert "add_key -1 1" in wrote and "x32 keyctl -1 1" in wrote, wrote
+    assert marker not in listing and marker not in Path("/proc/keys").read_text()

@@ -14,6 +14,8 @@ layer                  what it stops
 ``pid_namespace``      host processes and their command lines; every process dies with the command
 ``cgroup``             total memory and task budgets; the kill switch for what remains
 ``volume``             the episode's workspace and HOME on a size-limited tmpfs: no disk filling
+``seccomp``            kernel keyrings (a channel between episodes no namespace covers), bpf, perf events,
+                       module loading: denied with EPERM (:mod:`mimo_kit.envs.seccomp`)
 =====================  ================================================================================
 
 Where a layer is missing the sandbox still runs, warns once naming the layer and the attack class it would have
@@ -45,6 +47,7 @@ LAYERS = {
     "pid_namespace": "host processes invisible; every process of a command dies with it",
     "cgroup": "total memory and task budgets per command; the kill switch",
     "volume": "workspace and HOME on a size-limited tmpfs (disk cannot fill)",
+    "seccomp": "no kernel keyrings (add_key/keyctl: a channel between episodes), bpf, perf events or modules",
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -60,12 +63,13 @@ class Capabilities:
     volume: bool  # size-limited tmpfs episode volumes can be mounted
     unshare_cmd: bool  # `unshare -rn` works (the network fallback for non-root)
     notes: str
+    seccomp: bool = False  # the filter of mimo_kit.envs.seccomp installs and denies add_key
 
     @property
     def layers(self) -> dict[str, bool]:
         return {"uid": self.root, "no_new_privs": True, "network_namespace": self.netns or self.unshare_cmd,
                 "mount_namespace": self.mountns, "pid_namespace": self.pidns, "cgroup": bool(self.cgroup),
-                "volume": self.volume}
+                "volume": self.volume, "seccomp": self.seccomp}
 
 
 def _unshare_in_child(flags: int) -> None:
@@ -76,6 +80,29 @@ def _unshare_in_child(flags: int) -> None:
 def _view_in_child(view: fsview.View) -> None:
     _unshare_in_child(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS)
     fsview.apply_view(view)
+
+
+def _seccomp_in_child(flt) -> None:
+    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "no_new_privs")
+    flt.install(_libc)
+
+
+def _seccomp_works() -> bool:
+    """The filter installs, and under it ``add_key`` fails with EPERM while an ordinary program runs."""
+    from mimo_kit.envs import seccomp
+
+    flt = seccomp.build()
+    if flt is None:
+        return False
+    import sys
+
+    nr = seccomp.ARCHES[seccomp.platform.machine()][1]["add_key"]
+    probe = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
+             f"r = libc.syscall({nr}, b'user', b'mimo-seccomp-probe', b'x', 1, ctypes.c_int(-4))\n"
+             "sys.exit(0 if r == -1 and ctypes.get_errno() == 1 else 1)")
+
+    return _works([sys.executable, "-I", "-S", "-c", probe], preexec_fn=functools.partial(_seccomp_in_child, flt))
 
 
 def _works(argv: list[str], **kw) -> bool:
@@ -121,7 +148,7 @@ def capabilities() -> Capabilities:
         volume = _volume_works()
     if not netns:
         unshare_cmd = _works(["unshare", "-rn", "/bin/true"])
-    caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "")
+    caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "", _seccomp_works())
     for layer, active in caps.layers.items():
         if not active:
             notes.append(f"{layer} unavailable, not enforced: {LAYERS[layer]}")

@@ -173,10 +173,19 @@ class _Plan:
     hidepid_proc: bool  # no PID namespace: a /proc that shows only the sandbox uid's processes
     limits: tuple[tuple[int, int], ...]
     drop_to: int | None  # uid to switch to here (when the PID-namespace wrapper does not)
+    seccomp: object = None  # a mimo_kit.envs.seccomp.Filter, installed after no_new_privs
+
+
+@functools.cache
+def _seccomp_filter():
+    from mimo_kit.envs import seccomp
+
+    return seccomp.build()
 
 
 def _preexec(plan: _Plan) -> None:
-    """Cgroup, namespaces, filesystem view, rlimits, no_new_privs, then the uid. Errors exit 125 with a message."""
+    """Cgroup, namespaces, filesystem view, rlimits, no_new_privs, the seccomp filter, then the uid. Errors exit
+    125 with a message."""
     try:
         for fd in plan.join_fds:
             os.write(fd, b"0")  # 0 = the writing process: joins before any agent code runs
@@ -191,6 +200,8 @@ def _preexec(plan: _Plan) -> None:
             resource.setrlimit(what, (value, value))
         if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(no_new_privs)")
+        if plan.seccomp is not None:
+            plan.seccomp.install(_libc)
         if plan.drop_to is not None:
             os.setgroups([])
             os.setgid(plan.drop_to)
@@ -289,7 +300,7 @@ def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxCo
         argv = ["unshare", "-rn", "--"] + argv
     layers = tuple(x for x, on in {"uid": uid is not None, "no_new_privs": True, "network_namespace": netns,
                                    "mount_namespace": view_on, "pid_namespace": pidns,
-                                   "cgroup": bool(caps.cgroup)}.items() if on)
+                                   "cgroup": bool(caps.cgroup), "seccomp": caps.seccomp}.items() if on)
     missing = [x for x in cfg.require if x not in layers and x != "volume"]
     if missing:
         if own_uid:
@@ -332,7 +343,7 @@ def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxCo
         else:
             argv_exec = argv
         plan = _Plan(tuple(join_fds), flags, view, view_on and not pidns and caps.root, tuple(limits),
-                     uid if not pidns else None)
+                     uid if not pidns else None, _seccomp_filter() if caps.seccomp else None)
         t0 = time.perf_counter()
         popen = subprocess.Popen(
             argv_exec, cwd=str(cwd), env=minimal_env(home_inside, env, "/tmp" if view_on else None),
