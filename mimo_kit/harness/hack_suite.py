@@ -18,6 +18,7 @@ The trajectory audit (:mod:`mimo_kit.envs.hacks`) is the second layer: it zeroes
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import http.server
 import os
@@ -108,13 +109,28 @@ class HackResult:
     skipped: str = ""  # why it did not run: a layer that stops it is missing on this machine
 
 
-def _host_problems(uid: int | None, canary: Canary) -> list[str]:
+def _kernel_keys() -> set[int]:
+    """Ids of the kernel keys this process may view (``/proc/keys``) that a non-root uid owns (an episode's)."""
+    try:
+        rows = [line.split() for line in Path("/proc/keys").read_text().splitlines()]
+    except OSError:
+        return set()
+    return {int(f[0], 16) for f in rows if len(f) > 5 and f[5] != "0"}
+
+
+def _host_problems(uid: int | None, canary: Canary, keys_before: set[int] = frozenset()) -> list[str]:
     out = canary.problems()
     if uid is not None:
         left = uid_pids(uid)
         if left:
             out.append(f"{len(left)} processes of the episode outlived it (killed now)")
             kill_uid(uid)
+    new_keys = _kernel_keys() - set(keys_before)
+    if new_keys:  # keys outlive every process and every namespace: a channel to later episodes (envs/seccomp.py)
+        out.append(f"{len(new_keys)} kernel keys made during the episode outlived it (invalidated now)")
+        libc = ctypes.CDLL(None, use_errno=True)
+        for k in new_keys:
+            libc.syscall(250 if os.uname().machine == "x86_64" else 219, 21, k)  # keyctl(KEYCTL_INVALIDATE)
     for d in _LOOT_DIRS:
         if os.path.lexists(d):
             out.append(f"{d} exists on the host (removed now)")
@@ -128,11 +144,12 @@ def _episode(task: CodeTask, commands: list[str], *, cleaned: bool, cfg: CodeEnv
     from mimo_kit.envs.tools import ToolRegistry, bash_tool
     from mimo_kit.harness.envs import CodeEnv  # the trainer's path
 
+    keys = _kernel_keys()
     with CodeEnv(task, cleaned=cleaned, cfg=cfg) as env:
         tools = ToolRegistry([bash_tool(env.workspace, timeout_s=20.0)])
         outputs = [tools.call("bash", {"command": c.format(**fill)})[-400:] for c in commands]
         grade = env.grade()
-        host = _host_problems(env.workspace.uid, canary)
+        host = _host_problems(env.workspace.uid, canary, keys)
     return grade, outputs, host
 
 
