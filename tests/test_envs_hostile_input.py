@@ -330,3 +330,28 @@ def test_kernel_keyrings_are_no_channel_between_episodes():
         listing = ToolRegistry([bash_tool(later.workspace, 20.0)]).call("bash", {"command": "cat /proc/keys"})
     assert "add_key -1 1" in wrote and "x32 keyctl -1 1" in wrote, wrote
     assert marker not in listing and marker not in Path("/proc/keys").read_text()
+
+
+def _render(fmt: str, name: str, args: dict) -> str:
+    try:
+        return render_call(fmt, name, args)
+    except (KeyError, TypeError):  # the fenced bash block needs a command: a malformed call then
+        return f"```tool {name}\n{args!r}\n```"
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(harness=st.sampled_from(["swe-tools", "xml-editor", "mini-bash"]),
+       replies=st.lists(st.one_of(_REPLY, st.builds(
+           lambda n, a: (n, a), st.sampled_from(["view", "str_replace", "bash"]),
+           st.dictionaries(st.sampled_from(["path", "old_str", "new_str", "start", "command"]), _ARG, max_size=3))),
+           min_size=1, max_size=3))
+def test_random_actions_through_a_whole_episode_never_escape_it(host_tmp, harness, replies):
+    """Random replies (raw text, or well-formed calls with random arguments) through a harness episode: the episode
+    ends as the model's doing, the grade is a verdict, the host keeps no litter."""
+    fmt = HARNESSES[harness].action_format
+    texts = [r if isinstance(r, str) else _render(fmt, *r) for r in replies]
+    before = _litter()
+    seq, g = _episode(harness, texts)
+    assert seq.finish_reason in ("stop", "length", "format_errors"), (seq.finish_reason, seq.metadata)
+    assert g["reward"] in (0.0, 1.0) and _litter() == before

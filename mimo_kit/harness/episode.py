@@ -265,9 +265,12 @@ class PolicyEngine:
         for r in requests:
             policy, ep = self.episodes[r.request_id]
             try:
-                ids = ep.tok.encode(policy(ep.view)) + [ep.tok.end_id]
+                reply = policy(ep.view)
             except Exception as e:  # noqa: BLE001 - an engine failure is infrastructure, not a model error
                 ep.policy_error, ids = f"{type(e).__name__}: {e}", [ep.tok.end_id]
+            else:  # what the policy typed is its own: text no tokenizer can encode (a lone surrogate) is replaced
+                text = reply.encode("utf-8", "replace").decode("utf-8") if isinstance(reply, str) else reply
+                ids = ep.tok.encode(text) + [ep.tok.end_id]
             outs.append(GenerationOutput(r.request_id, ids, [0.0] * len(ids), "stop", self.policy_version))
         return outs
 
