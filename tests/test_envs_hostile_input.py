@@ -43,6 +43,11 @@ TOOL_INPUT = {
                                    ("str_replace", {"path": "pw", "old_str": "root", "new_str": "toor"})],
     "command-over-128-kib": [("bash", {"command": "true " + "x" * 140_000})],
     "view-a-fifo": [("bash", {"command": "mkfifo p"}), ("view", {"path": "p"})],
+    "str_replace-a-fifo": [("bash", {"command": "mkfifo p"}),
+                           ("str_replace", {"path": "p", "old_str": "a", "new_str": "b"})],
+    "str_replace-the-workspace": [("str_replace", {"path": ".", "old_str": "a", "new_str": "b"}),
+                                  ("str_replace", {"path": "", "old_str": "a", "new_str": "b"})],
+    "command-over-128-kib-in-bytes": [("bash", {"command": "true " + "\u20ac" * 45_000})],
     "dotdot": [("view", {"path": "../../etc/passwd"})],
 }
 #: Replies no parser could read (each crashed play() itself in its format: the whole batch was lost).
@@ -156,6 +161,57 @@ def test_view_reads_a_bounded_window(tmp_path):
     assert peak < 40 << 20, peak
     with pytest.raises(ToolError, match="outside"):
         tools.call("view", {"path": "nl.txt", "start": 3_000_000, "end": 3_000_001})
+
+
+def test_tools_leak_no_descriptor(tmp_path):
+    """Refused calls close what they opened (a root trainer runs for days: a leak per call ends in EMFILE)."""
+    (tmp_path / "a.py").write_text("x = 1\n")
+    os.mkfifo(tmp_path / "p")
+    ws = Workspace(tmp_path, None, tmp_path, SandboxConfig())
+    tools = ToolRegistry([view_tool(ws), edit_tool(ws)])
+    before = len(os.listdir("/proc/self/fd"))
+    for name, args in [("str_replace", {"path": ".", "old_str": "a", "new_str": "b"}),
+                       ("str_replace", {"path": "p", "old_str": "a", "new_str": "b"}),
+                       ("view", {"path": "p"}), ("view", {"path": "nope/x"}), ("view", {"path": "a.py/x"})] * 20:
+        with pytest.raises(ToolError):
+            tools.call(name, args)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_notes_through_a_link_reach_nothing_outside(tmp_path):
+    """The general env's note tools run as the grader: notes/ replaced by a link to a host folder is refused."""
+    from mimo_kit.envs.general import shop_tools
+
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / "secret").write_text("s3cret")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "notes").symlink_to(host)
+    import sqlite3
+
+    sqlite3.connect(ws / "shop.db").close()
+    tools = ToolRegistry([t for t in shop_tools(ws) if t.name in ("read_note", "write_note")])
+    with pytest.raises(ToolError):
+        tools.call("read_note", {"path": "secret"})
+    with pytest.raises(ToolError):
+        tools.call("write_note", {"path": "planted", "content": "x"})
+    assert sorted(os.listdir(host)) == ["secret"]
+    (ws / "notes").unlink()  # gone entirely: still the action's error
+    with pytest.raises(ToolError):
+        tools.call("read_note", {"path": "secret"})
+
+
+def test_remove_tree_removes_wide_trees_and_leaves_links_alone(tmp_path):
+    wide = tmp_path / "wide"
+    for i in range(3000):
+        (wide / f"d{i}" / "x").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("k")
+    (wide / "d7" / "link").symlink_to(outside)
+    remove_tree(wide)
+    assert not wide.exists() and (outside / "keep").read_text() == "k"
 
 
 def test_walk_and_remove_tree_need_no_recursion(tmp_path):

@@ -14,10 +14,12 @@ decided here, from those answers:
   turn a failing test into a skipped one; ``SystemExit`` and ``KeyboardInterrupt`` become plain failures;
 - a worker that exits, stops answering before the deadline or breaks the protocol fails the current and every
   remaining test;
-- an agent object takes part in arithmetic and containment only with other agent objects: a value of the test's
-  own (an expected value, a tolerance) is never sent to the agent's process through an operator, so
-  ``abs(got - want) < tol`` cannot be answered by an object whose ``__sub__`` returns 0.0 (it raises TypeError,
-  and the test fails); a test converts an agent value first (``float(x)``, ``list(x)``) and compares here.
+- an agent object takes part in arithmetic only with other agent objects: a value of the test's own (an expected
+  value, a tolerance) is never sent to the agent's process through an operator, so ``abs(got - want) < tol``
+  cannot be answered by an object whose ``__sub__`` returns 0.0 (it raises TypeError, and the test fails); a test
+  converts an agent value first (``float(x)``) and compares here. ``want in got`` iterates ``got`` (its elements
+  arrive as data) and compares here. (Calls, item access and attribute writes still pass the test's arguments:
+  they are the inputs under test.)
 
 The agent's process never sees the tests, their expected values or this process's output; forging a verdict
 there (patching ``json.dumps``, walking frames, writing to descriptors, ``atexit``, signals) changes nothing here.
@@ -234,9 +236,8 @@ class Remote:
                 return
 
     def __contains__(self, item):
-        if not isinstance(item, Remote):  # ``want in got`` is decided here: ``want in list(got)``
-            raise TypeError(f"'in' {self!r}: a test's value is never sent to agent code to ask whether it contains "
-                            "it; convert the agent value first (list(x), set(x), str(x))")
+        if not isinstance(item, Remote):  # a test's value never crosses: ``want in got`` is decided here, over the
+            return any(item == x for x in self)  # elements the agent's iterator hands over as data
         return self._conn.request("contains", obj=self, args=(item,)) is True
 
     def __instancecheck__(self, obj):  # isinstance(x, AgentClass): asked of the agent's process, exact bool
@@ -327,7 +328,7 @@ def run(tests_dir, ids, conn, verdicts):
 
 def verdict_writer(fd):
     """One ASCII JSON object per line on ``fd`` (``ensure_ascii``: newlines, ``\\x1c``, ``\\u2028`` and every other
-    character of a message arrive escaped, so a line is a verdict or nothing), written whole with one ``os.write``."""
+    character of a message arrive escaped, so a line is a verdict or nothing), written to the end."""
     def write(record):
         data = (json.dumps(record, ensure_ascii=True) + "\n").encode("ascii")
         while data:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from mimo_kit.envs.patches import UnsafePatch, read_regular
+from mimo_kit.envs.patches import UnsafePatch, check_path, read_regular, walk
 from mimo_kit.envs.tools import VIEW_MAX_BYTES, Tool, ToolError, open_in_workspace
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
@@ -193,22 +193,23 @@ def shop_tools(ws: Path | None) -> list[Tool]:
         _q(db, "UPDATE inventory SET qty = qty + ? WHERE sku = ?", (quantity, sku))
         return f"{sku} +{quantity}"
 
-    def write_note(path: str, content: str) -> str:  # through descriptors that follow no link (the agent's folder)
-        fd, st = open_in_workspace(ws / "notes", path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    # notes/ is the agent's folder (it may be a link now): opened from the workspace, no link followed anywhere
+    def write_note(path: str, content: str) -> str:
+        fd, _ = open_in_workspace(ws, f"notes/{path}", os.O_WRONLY | os.O_CREAT, kind="file")
         with os.fdopen(fd, "wb") as fh:
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(f"write_note: {path!r} is not a regular file")
-            fh.write(content.encode("utf-8"))
+            try:
+                fh.write(content.encode("utf-8"))
+                fh.truncate()
+            except OSError as e:  # ENOSPC on the episode's volume
+                raise ToolError(f"write_note: writing {path!r} failed: {e.strerror}") from None
         return f"wrote notes/{path}"
 
     def read_note(path: str) -> str:
         try:
-            fd, st = open_in_workspace(ws / "notes", path)
+            fd, _ = open_in_workspace(ws, f"notes/{path}", kind="file")
         except ToolError:
             raise ToolError(f"read_note: no note {path!r}") from None
         with os.fdopen(fd, "rb") as fh:
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(f"read_note: no note {path!r}")
             return fh.read(VIEW_MAX_BYTES).decode("utf-8", "replace")
 
     S, INT, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
@@ -255,15 +256,22 @@ def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[s
 
 
 def file_hashes(ws: Path) -> dict[str, str]:
-    """Hashes of the workspace's files, except the database (compared by dump) and environment metadata."""
+    """Hashes of the workspace's files, except the database (compared by dump) and environment metadata. A tree no
+    repository has (names that are not UTF-8, deeper than ``MAX_PATH_DEPTH``) raises :class:`UnsafePatch`, which
+    the grade turns into a failed check (iterative walk: no recursion on the agent's folders)."""
     out = {}
-    for p in sorted(ws.rglob("*")):
-        rel = p.relative_to(ws).as_posix()
-        if p.name.startswith("shop.db") or rel.split("/")[0] in (".git", ".task"):
-            continue
-        if p.is_symlink() or (p.exists() and not p.is_dir() and not p.is_file()):
-            out[rel] = "not a regular file"  # a link or a FIFO: never read, and it counts as a change
-        elif p.is_file():
+    for dirpath, dirs, files in walk(ws, frozenset({".git", ".task"})):
+        for name in files + dirs:
+            p = Path(dirpath) / name
+            rel = check_path(p.relative_to(ws).as_posix())
+            if name.startswith("shop.db"):
+                continue
+            mode = os.lstat(p).st_mode
+            if stat.S_ISDIR(mode):
+                continue
+            if not stat.S_ISREG(mode):
+                out[rel] = "not a regular file"  # a link or a FIFO: never read, and it counts as a change
+                continue
             try:
                 out[rel] = hashlib.sha256(read_regular(ws, rel) or b"").hexdigest()
             except UnsafePatch as e:
@@ -379,7 +387,10 @@ def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None)
                        "from the replayed gold actions")
     changed_tables = [t for t in set(initial) | set(got_full) if t not in task.allowed_tables
                       and initial.get(t) != got_full.get(t)]
-    files = file_hashes(ws)
+    try:
+        files = file_hashes(ws)
+    except UnsafePatch as e:  # a tree no repository has: the negative check fails, naming it
+        files = {"<workspace>": f"refused: {e}"}
     changed_files = [f for f in set(initial_files) | set(files) if f not in task.allowed_files
                      and initial_files.get(f) != files.get(f)]
     negative_ok = not changed_tables and not changed_files

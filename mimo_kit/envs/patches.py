@@ -61,7 +61,7 @@ class UnsafePatch(ValueError):
 
 def check_path(path: str, where: str = "workspace file name") -> str:
     """A relative POSIX path of plain components: valid UTF-8, no control characters, quotes, backslashes, ``..``
-    or ``.git``, at most :data:`MAX_PATH_DEPTH` folders deep and :data:`MAX_PATH_CHARS` long."""
+    or ``.git``, at most :data:`MAX_PATH_DEPTH` components and :data:`MAX_PATH_CHARS` characters long."""
     shown = repr(path if len(path) <= 120 else path[:60] + "…" + path[-40:])
     try:
         path.encode("utf-8")
@@ -105,9 +105,11 @@ def walk(root: str | Path, skip: set[str] | frozenset[str] = frozenset()):
 
 
 def remove_tree(path: str | Path) -> None:
-    """Remove a tree without recursion, without following links and without full paths (one directory
-    descriptor open at a time, names relative to it: no depth or ``PATH_MAX`` limit); what cannot be removed is
-    left, like ``shutil.rmtree(ignore_errors=True)``, which recurses once per folder."""
+    """Remove a tree without recursion, without following links and without full paths: each folder is listed
+    once (its files unlinked, its subfolders queued), entered by name with ``O_NOFOLLOW`` and left through ``..``,
+    which must be the very folder (device and inode) it was entered from, or the removal stops there (a folder
+    moved away mid-removal cannot steer it elsewhere on the host). What cannot be removed is left, like
+    ``shutil.rmtree(ignore_errors=True)``, which recurses once per folder."""
     path = os.fspath(path)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
@@ -118,35 +120,48 @@ def remove_tree(path: str | Path) -> None:
         except OSError:
             pass
         return
-    names: list[str] = []  # the folders below ``path`` that ``fd`` is in
-    try:
-        while True:
-            sub = None
-            for name in os.listdir(fd):
-                try:
-                    if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
-                        sub = name
-                        break
+
+    def enter(fd: int) -> list[str]:  # unlink the files of a folder; its subfolders, to visit
+        subdirs = []
+        for name in os.listdir(fd):
+            try:
+                if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
+                    subdirs.append(name)
+                else:
                     os.unlink(name, dir_fd=fd)
-                except OSError:
-                    pass
-            if sub is not None:
+            except OSError:
+                pass
+        return subdirs
+
+    st = os.fstat(fd)
+    stack = [("", (st.st_dev, st.st_ino), enter(fd))]  # (name in its parent, identity, subfolders left)
+    try:
+        while stack:
+            name, ident, todo = stack[-1]
+            if todo:
+                sub = todo.pop()
                 try:
                     nxt = os.open(sub, flags, dir_fd=fd)
                 except OSError:
-                    return  # unreadable: leave the rest
+                    continue  # gone or not a folder now: leave it
                 os.close(fd)
-                fd, names = nxt, names + [sub]
+                fd = nxt
+                st = os.fstat(fd)
+                stack.append((sub, (st.st_dev, st.st_ino), enter(fd)))
                 continue
-            if not names:  # ``path`` itself is empty now
+            stack.pop()
+            if not stack:
                 break
             parent = os.open("..", flags, dir_fd=fd)
+            pst = os.fstat(parent)
             os.close(fd)
             fd = parent
+            if (pst.st_dev, pst.st_ino) != stack[-1][1]:
+                return  # moved under us: stop rather than remove anything outside the tree
             try:
-                os.rmdir(names.pop(), dir_fd=fd)
+                os.rmdir(name, dir_fd=fd)
             except OSError:
-                return
+                pass
     finally:
         os.close(fd)
     try:
@@ -163,12 +178,12 @@ def tree_files(root: str | Path, max_bytes: int | None = None) -> dict[str, byte
     out = {}
     total = count = 0
     for dirpath, dirs, files in walk(root, IGNORED_DIRS):
+        for name in files + dirs:  # names first: a hostile name is named even in a tree that is also too big
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            check_path(rel)
         count += len(files) + len(dirs)
         if count > MAX_TREE_FILES:
             raise UnsafePatch(f"tree {str(root)!r} holds more than {MAX_TREE_FILES:,} files and folders: refused")
-        for name in files + dirs:
-            rel = (Path(dirpath) / name).relative_to(root).as_posix()
-            check_path(rel)
         for name in files:
             if name.endswith((".pyc", ".orig", ".rej")):
                 continue

@@ -13,7 +13,8 @@ command starts (inherited by everything it runs, irrevocable under ``no_new_priv
 
 ``ptrace`` stays allowed: AddressSanitizer's leak checker (the cyber tasks) stops the world with it; the per-episode
 uid and the PID namespace already confine whom it can reach. ``mount`` stays allowed for the sandbox's own setup
-(``unshare --mount-proc``), and the unprivileged uid the command runs as cannot mount anyway.
+(``unshare --mount-proc``); the unprivileged uid the command runs as can mount only inside a user namespace it
+creates itself (``unshare -Ur``), which reaches nothing of the host's (a residual risk, ``docs/sandbox.md``).
 
 A classic BPF program (``struct sock_filter``), built here for x86-64 and aarch64; elsewhere :func:`program`
 returns None and the layer is reported missing.

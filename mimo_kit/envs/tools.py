@@ -12,7 +12,8 @@ Every argument is the agent's: a string with a NUL byte or that is not UTF-8 tex
 kernel passes, a path through a symlink (a loop, a link into ``/proc/1/root``), a file that is not UTF-8 under
 ``str_replace``: each is the action's :class:`ToolError` with a reason, never an exception that would end the
 episode as the infrastructure's fault. ``view`` and ``str_replace`` run as the grader (root), so they open the
-file through descriptors that follow no link (:func:`open_in_workspace`) and read a bounded window.
+file through descriptors that follow no link (:func:`open_in_workspace`, which checks the kind of file before
+anything reads or writes it) and read a bounded window.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any
 
 from mimo_kit.envs.sandbox import SandboxConfig, run_sandboxed
 
-#: Characters of a bash command: Linux passes it as one argument of at most 128 KiB (``MAX_ARG_STRLEN``), and a
+#: Bytes of a bash command (UTF-8): Linux passes it as one argument of at most 128 KiB (``MAX_ARG_STRLEN``), and a
 #: real command is a few lines; a longer one is refused as the action's error.
-MAX_COMMAND_CHARS = 64 * 1024
+MAX_COMMAND_BYTES = 64 * 1024
 #: Bytes of a file ``view`` reads (a window from the start; ``bash`` with ``sed -n`` reaches further): a 64 MB file
 #: of newlines must not become gigabytes of numbered lines in the root grader.
 VIEW_MAX_BYTES = 1 << 20
@@ -125,23 +126,38 @@ class Workspace:
     network: bool = False
     commands: list[str] = dataclasses.field(default_factory=list)  # every bash command, for the audit
 
-    def open(self, path: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
+    def open(self, path: str, flags: int = os.O_RDONLY, *, kind: str = "any") -> tuple[int, os.stat_result]:
         """``(descriptor, stat)`` of a workspace path: :func:`open_in_workspace`."""
-        return open_in_workspace(self.root, path, flags)
+        return open_in_workspace(self.root, path, flags, kind=kind)
 
 
-def open_in_workspace(root: Path, path: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result]:
-    """Open ``root/path`` one component at a time with ``O_NOFOLLOW``: no symlink is followed anywhere (a loop, a
-    link into ``/proc/1/root`` or out of the workspace is refused by name), ``..`` and absolute paths are refused,
-    ``.`` or ``""`` is the workspace itself; a file made with ``O_CREAT`` gets mode 0644. Returns the descriptor
-    (the caller closes it) and its ``fstat``."""
+def open_in_workspace(root: Path, path: str, flags: int = os.O_RDONLY, *,
+                      kind: str = "any") -> tuple[int, os.stat_result]:
+    """Open ``root/path`` one component at a time with ``O_NOFOLLOW``: no symlink is followed below ``root`` (a
+    loop, a link into ``/proc/1/root`` or out of the workspace is refused by name; ``root`` is the grader's own
+    folder), ``..`` and absolute paths are refused, ``.`` or ``""`` is the workspace itself; a file made with
+    ``O_CREAT`` gets mode 0644. ``kind="file"``: anything but a regular file (a folder, a FIFO, a device) is
+    refused before the caller reads or writes. Returns the descriptor (the caller closes it) and its ``fstat``."""
     check_text(path, "path")
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if path.startswith("/") or ".." in parts:
         raise ToolError(f"path {path!r} is outside the workspace: expected a path relative to it, without '..'")
     if len(parts) > 64 or len(path) > 4096:
         raise ToolError(f"path of {len(path):,} characters and {len(parts)} parts: too long")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    if not parts and (kind == "file" or flags & (os.O_WRONLY | os.O_RDWR)):
+        raise ToolError(f"path {path!r} is the workspace folder: expected a file")
+    fd, st = _descend(root, path, parts, flags)
+    if kind == "file" and not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ToolError(f"{path!r} is not a regular file")
+    return fd, st
+
+
+def _descend(root: Path, path: str, parts: list[str], flags: int) -> tuple[int, os.stat_result]:
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise ToolError(f"path {path!r}: the folder it lives in is gone ({e.strerror})") from None
     try:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
@@ -160,8 +176,9 @@ def open_in_workspace(root: Path, path: str, flags: int = os.O_RDONLY) -> tuple[
 
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
     def bash(command: str) -> str:
-        if len(command) > MAX_COMMAND_CHARS:
-            raise ToolError(f"bash: a command of {len(command):,} characters; at most {MAX_COMMAND_CHARS:,} "
+        size = len(command.encode("utf-8"))
+        if size > MAX_COMMAND_BYTES:
+            raise ToolError(f"bash: a command of {size:,} bytes; at most {MAX_COMMAND_BYTES:,} "
                             "(write long content to a file in several commands)")
         ws.commands.append(command)
         r = run_sandboxed(command, ws.root, timeout_s=timeout_s, cfg=ws.sandbox, uid=ws.uid, home=ws.home,
@@ -195,9 +212,10 @@ def view_tool(ws: Workspace) -> Tool:
         where = f"the first {VIEW_MAX_BYTES:,} bytes of " if cut else ""
         if not 1 <= start <= max(1, end) or end > len(lines):
             raise ToolError(f"view: range [{start}, {end}] is outside 1..{len(lines)} of {where}{path!r}")
+        asked = end
         end = min(end, start + VIEW_MAX_LINES - 1)
         body = "\n".join(f"{i:5d}  {line}" for i, line in enumerate(lines[start - 1:end], start))
-        if cut or end < len(lines):
+        if cut or end < asked:
             body += (f"\n[shown: lines {start}-{end} of {where}{path} ({st.st_size:,} bytes); "
                      "view a range with start/end, or use bash]")
         return body
@@ -210,10 +228,8 @@ def view_tool(ws: Workspace) -> Tool:
 def edit_tool(ws: Workspace) -> Tool:
     def str_replace(path: str, old_str: str, new_str: str) -> str:
         ws.commands.append(f"str_replace {path}")
-        fd, st = ws.open(path, os.O_RDWR)
+        fd, st = ws.open(path, os.O_RDWR, kind="file")
         with os.fdopen(fd, "r+b") as fh:
-            if not stat.S_ISREG(st.st_mode):
-                raise ToolError(f"str_replace: {path!r} is not a regular file")
             if st.st_size > EDIT_MAX_BYTES:
                 raise ToolError(f"str_replace: {path!r} has {st.st_size:,} bytes; it edits files up to "
                                 f"{EDIT_MAX_BYTES:,}")
@@ -225,9 +241,12 @@ def edit_tool(ws: Workspace) -> Tool:
             n = text.count(old_str)
             if n != 1:
                 raise ToolError(f"str_replace: old_str occurs {n} times in {path!r}, expected exactly once")
-            fh.seek(0)
-            fh.truncate()
-            fh.write(text.replace(old_str, new_str).encode("utf-8"))
+            try:
+                fh.seek(0)
+                fh.write(text.replace(old_str, new_str).encode("utf-8"))
+                fh.truncate()  # after the write: a full volume leaves the old text, not an empty file
+            except OSError as e:  # ENOSPC on the episode's volume: the agent filled it
+                raise ToolError(f"str_replace: writing {path!r} failed: {e.strerror}") from None
             if ws.uid is not None:
                 os.fchown(fd, ws.uid, ws.uid)
         return f"edited {path}"

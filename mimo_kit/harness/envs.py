@@ -68,7 +68,8 @@ class CodeEnv(BaseEnv):
         g = code_env.grade(self.task, self.workspace.root, self.cfg, self.cache)
         reward, flags = audited_reward(g.reward, self.workspace.commands, g.diff) if self.audit else (g.reward, [])
         reasons = [f.reason for f in flags]
-        if self.audit and g.reason.startswith("workspace refused"):  # names or trees no repository has: hostile
+        if self.audit and g.reason.startswith("workspace refused") and "holds more than" not in g.reason:
+            # names or trees no repository has (not UTF-8, control characters, too deep): hostile, not just big
             reasons.append(f"the grader refused the workspace ({g.reason[len('workspace refused: '):][:160]})")
         return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
                 "hack_flags": reasons, "test_output": g.test_output}

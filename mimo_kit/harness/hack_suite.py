@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from mimo_kit.envs import seccomp
 from mimo_kit.envs.code import CodeEnvConfig, CodeTask
 from mimo_kit.envs.hack_strategies import _LOOT_DIRS, GENERAL_STRATEGIES, PY, STRATEGIES
 from mimo_kit.envs.hacks import audited_reward
@@ -130,7 +131,9 @@ def _host_problems(uid: int | None, canary: Canary, keys_before: set[int] = froz
         out.append(f"{len(new_keys)} kernel keys made during the episode outlived it (invalidated now)")
         libc = ctypes.CDLL(None, use_errno=True)
         for k in new_keys:
-            libc.syscall(250 if os.uname().machine == "x86_64" else 219, 21, k)  # keyctl(KEYCTL_INVALIDATE)
+            table = seccomp.ARCHES.get(os.uname().machine)
+            if table:
+                libc.syscall(table[1]["keyctl"], 21, k)  # keyctl(KEYCTL_INVALIDATE)
     for d in _LOOT_DIRS:
         if os.path.lexists(d):
             out.append(f"{d} exists on the host (removed now)")
