@@ -22,6 +22,7 @@ Each violation raises :class:`UnsafePatch` naming the bad path or line and what 
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import os
@@ -67,9 +68,10 @@ def check_path(path: str, where: str = "workspace file name") -> str:
         path.encode("utf-8")
     except UnicodeEncodeError:  # os.walk hands undecodable bytes over as lone surrogates
         raise UnsafePatch(f"{where} {shown} is not valid UTF-8: refused") from None
-    if len(path) > MAX_PATH_CHARS or any(len(p.encode()) > MAX_NAME_BYTES for p in path.split("/")):
-        raise UnsafePatch(f"{where} {shown} has {len(path):,} characters: expected at most {MAX_PATH_CHARS} "
-                          f"and at most {MAX_NAME_BYTES} bytes per name")
+    longest = max(len(p.encode()) for p in path.split("/"))
+    if len(path) > MAX_PATH_CHARS or longest > MAX_NAME_BYTES:
+        raise UnsafePatch(f"{where} {shown} has {len(path):,} characters and a name of {longest:,} bytes: expected "
+                          f"at most {MAX_PATH_CHARS} and {MAX_NAME_BYTES}")
     if path.count("/") >= MAX_PATH_DEPTH:
         raise UnsafePatch(f"{where} {shown} is {path.count('/') + 1} levels deep: expected at most "
                           f"{MAX_PATH_DEPTH}")
@@ -115,29 +117,25 @@ def remove_tree(path: str | Path) -> None:
     try:
         fd = os.open(path, flags)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)  # a file or a link where the tree was expected
-        except OSError:
-            pass
         return
 
     def enter(fd: int) -> list[str]:  # unlink the files of a folder; its subfolders, to visit
         subdirs = []
         for name in os.listdir(fd):
-            try:
+            with contextlib.suppress(OSError):
                 if stat.S_ISDIR(os.lstat(name, dir_fd=fd).st_mode):
                     subdirs.append(name)
                 else:
                     os.unlink(name, dir_fd=fd)
-            except OSError:
-                pass
         return subdirs
 
     st = os.fstat(fd)
     stack = [("", (st.st_dev, st.st_ino), enter(fd))]  # (name in its parent, identity, subfolders left)
     try:
         while stack:
-            name, ident, todo = stack[-1]
+            name, _, todo = stack[-1]
             if todo:
                 sub = todo.pop()
                 try:
@@ -158,16 +156,12 @@ def remove_tree(path: str | Path) -> None:
             fd = parent
             if (pst.st_dev, pst.st_ino) != stack[-1][1]:
                 return  # moved under us: stop rather than remove anything outside the tree
-            try:
+            with contextlib.suppress(OSError):
                 os.rmdir(name, dir_fd=fd)
-            except OSError:
-                pass
     finally:
         os.close(fd)
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(path)
-    except OSError:
-        pass
 
 
 def tree_files(root: str | Path, max_bytes: int | None = None) -> dict[str, bytes]:
