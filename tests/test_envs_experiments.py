@@ -21,6 +21,7 @@ def test_hack_suite_experiment():
     assert {r["environment"]: r["bypassed"] for r in out["summary"]} == {"uncleaned": 1, "cleaned": 0}
 
 
+@pytest.mark.slow  # 6 s on a clean clone: a sandboxed command per part, 3 repeats
 def test_bench_grading_reports_every_part():
     out = experiments.run("bench-grading", overrides=["repeats=1", "tasks=[stats-median]"])
     assert [s["command"] for s in out["sandbox"]] == ["true", "python -c pass"]
