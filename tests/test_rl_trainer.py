@@ -126,18 +126,19 @@ def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness", [0, 2])
-def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
+@pytest.mark.parametrize("staleness, engines", [(0, 1), (2, 1), (0, 2)], ids=["sync", "partial", "two-engines"])
+def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines):
     """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line; with
-    S > 0 the groups in flight (and their aborted actions) travel in the checkpoint and resume identically."""
-    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8))
+    S > 0 the groups in flight (and their aborted actions) travel in the checkpoint and resume identically; with
+    two engines (a RolloutService) each engine's sampling stream does."""
+    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines))
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
     code = ("from mimo_kit.train.trainer import RLConfig, run_rl; from mimo_kit.train.sft import SFTConfig; "
             "import sys; "
             f"run_rl(RLConfig.preset('toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
-            "sft=SFTConfig(steps=150).to_dict()))")
+            f"engines={engines}, sft=SFTConfig(steps=150).to_dict()))")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -150,9 +151,9 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness):
     proc.wait()
     done = len(metrics.read_text().splitlines())
     assert 3 <= done < 6
-    resumed = run_rl(tiny(run_dir, sft_file, steps=6, staleness=staleness, in_flight=8))
+    resumed = run_rl(tiny(run_dir, sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines))
     with pytest.raises(ConfigError, match="different lr"):
-        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8))
+        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8, engines=engines))
     if staleness:
         # groups really stayed in flight across steps (so across the checkpoint): older tokens were trained. The
         # engine decodes every in-flight action in one batch, so on the toy world's short actions the buffer

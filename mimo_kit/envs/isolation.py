@@ -51,6 +51,14 @@ LAYERS = {
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_NO_NEW_PRIVS = 38  # <linux/prctl.h>
+
+
+def no_new_privs() -> None:
+    """``prctl(PR_SET_NO_NEW_PRIVS, 1)`` in a child before ``exec``: no setuid binary or file capability raises its
+    privileges again, and a seccomp filter may be installed without root."""
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(no_new_privs)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,8 +91,7 @@ def _view_in_child(view: fsview.View) -> None:
 
 
 def _seccomp_in_child(flt) -> None:
-    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
-        raise OSError(ctypes.get_errno(), "no_new_privs")
+    no_new_privs()
     flt.install(_libc)
 
 

@@ -181,16 +181,18 @@ def tree_files(root: str | Path, max_bytes: int | None = None) -> dict[str, byte
         for name in files:
             if name.endswith((".pyc", ".orig", ".rej")):
                 continue
-            p = Path(dirpath) / name
-            st = os.lstat(p)
-            if not stat.S_ISREG(st.st_mode):
+            if not stat.S_ISREG(os.lstat(os.path.join(dirpath, name)).st_mode):
                 continue  # symlinks, FIFOs, sockets: never in a diff, never opened
-            total += st.st_size
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            fd = open_regular(root, rel)  # from the root down, no link followed: a folder swapped since the walk
+            if fd is None:
+                continue
+            with os.fdopen(fd, "rb") as fh:  # the bytes read are counted, not the size the walk saw
+                data = fh.read() if max_bytes is None else fh.read(max_bytes - total + 1)
+            total += len(data)
             if max_bytes is not None and total > max_bytes:
                 raise UnsafePatch(f"tree {str(root)!r} holds more than {max_bytes:,} bytes of files: refused")
-            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as fh:
-                out[p.relative_to(root).as_posix()] = fh.read()
+            out[rel] = data
     return out
 
 
@@ -276,23 +278,34 @@ def check_patch(patch: str) -> list[str]:
     return paths
 
 
-def open_regular(root: str | Path, rel: str, flags: int = os.O_RDONLY) -> int | None:
-    """A descriptor of ``root/rel`` opened without following any link on the way (every folder component and the
-    file itself), or None when absent; a link, FIFO, socket or device raises :class:`UnsafePatch`."""
-    *parents, name = check_path(rel, "agent file").split("/")
+def descend(root: str | Path, parts: list[str], flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A descriptor of ``root/parts[0]/…/parts[-1]``, opened one component at a time relative to its folder's
+    descriptor with ``O_NOFOLLOW``: no symlink on the way is followed (a folder that is a link fails with ELOOP or
+    ENOTDIR), and a FIFO never blocks the grader (``O_NONBLOCK``). ``flags`` (and ``mode`` with ``O_CREAT``) apply
+    to the last component; no parts is ``root`` itself. ``os.open``'s errors pass through for the caller to name."""
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for part in parents:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            nxt = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_NONBLOCK
+                          | os.O_CLOEXEC, mode, dir_fd=fd)
             os.close(fd)
             fd = nxt
-        out = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(root: str | Path, rel: str, flags: int = os.O_RDONLY) -> int | None:
+    """A descriptor of ``root/rel`` opened without following any link on the way (every folder component and the
+    file itself, :func:`descend`), or None when absent; a link, FIFO, socket or device raises :class:`UnsafePatch`."""
+    try:
+        out = descend(root, check_path(rel, "agent file").split("/"), flags)
     except FileNotFoundError:
         return None
     except OSError as e:  # ELOOP / ENOTDIR: a link or a file where a folder belongs
         raise UnsafePatch(f"agent file {rel!r} goes through a link or a non-folder ({e.strerror}): refused") from None
-    finally:
-        os.close(fd)
     if not stat.S_ISREG(os.fstat(out).st_mode):
         os.close(out)
         raise UnsafePatch(f"agent file {rel!r} is not a regular file: refused")

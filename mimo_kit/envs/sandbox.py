@@ -51,12 +51,12 @@ from mimo_kit.envs.isolation import (
     LAYERS,
     Capabilities,
     capabilities,
+    no_new_privs,
     warn_once,
 )
 from mimo_kit.envs.streams import Tail, drain, pump  # noqa: F401  (pump: run several commands side by side)
 from mimo_kit.envs.uids import kill_uid, lease_uid, release_uid, uid_pids  # noqa: F401
 
-PR_SET_NO_NEW_PRIVS = 38
 #: Extra tasks pids.max allows beyond ``nproc``: the ``unshare`` wrapper outside the PID namespace, and its child.
 WRAPPER_TASKS = 2
 #: What util-linux ``unshare --fork`` prints (then exits 1) when its child died of SIGKILL, which it cannot re-raise.
@@ -198,8 +198,7 @@ def _preexec(plan: _Plan) -> None:
                               b"hidepid=2")
         for what, value in plan.limits:
             resource.setrlimit(what, (value, value))
-        if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(no_new_privs)")
+        no_new_privs()
         if plan.seccomp is not None:
             plan.seccomp.install(_libc)
         if plan.drop_to is not None:

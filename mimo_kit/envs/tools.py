@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mimo_kit.envs.patches import descend
 from mimo_kit.envs.sandbox import SandboxConfig, run_sandboxed
 
 #: Bytes of a bash command (UTF-8): Linux passes it as one argument of at most 128 KiB (``MAX_ARG_STRLEN``), and a
@@ -155,23 +156,14 @@ def open_in_workspace(root: Path, path: str, flags: int = os.O_RDONLY, *,
 
 def _descend(root: Path, path: str, parts: list[str], flags: int) -> tuple[int, os.stat_result]:
     try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise ToolError(f"path {path!r}: the folder it lives in is gone ({e.strerror})") from None
-    try:
-        for i, part in enumerate(parts):
-            last = i == len(parts) - 1
-            nxt = os.open(part, (flags if last else os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_NONBLOCK
-                          | os.O_CLOEXEC, 0o644, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-        return fd, os.fstat(fd)
+        fd = descend(root, parts, flags)
     except FileNotFoundError:
-        os.close(fd)
+        if not root.is_dir():
+            raise ToolError(f"path {path!r}: the folder it lives in is gone") from None
         raise ToolError(f"no file {path!r}") from None
     except OSError as e:  # ELOOP, ENOTDIR, EISDIR, ENAMETOOLONG, EACCES: the path itself is the problem
-        os.close(fd)
         raise ToolError(f"path {path!r}: {e.strerror} (links are not followed)") from None
+    return fd, os.fstat(fd)
 
 
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:

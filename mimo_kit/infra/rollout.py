@@ -309,8 +309,13 @@ def start_groups(groups: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str,
 
 
 def play(engine: Any, groups: Sequence[tuple[str, Sequence[Any]]], settings: RolloutSettings, *,
-         grade_workers: int = 1) -> list[Sample]:
-    """Run every episode of every group to its end, a turn at a time across all groups; one Sample per group."""
+         grade_workers: int = 1, rebuild: Callable[[str], Sequence[Any]] | None = None) -> list[Sample]:
+    """Run every episode of every group to its end, a turn at a time across all groups; one Sample per group.
+
+    ``engine`` may be a :class:`~mimo_kit.infra.service.RolloutService` (several engines, one loop each), which
+    plays the groups itself; ``rebuild(group_id)`` → fresh episodes of a group whose engine failed there."""
+    if hasattr(engine, "play"):
+        return engine.play(groups, settings, grade_workers=grade_workers, rebuild=rebuild)
     started = start_groups(groups)
     flat = [r for _, rs in started for r in rs]
     while advance(engine, flat, settings):

@@ -39,8 +39,10 @@ Departures from the report, on purpose:
   numerics and the clip acts only on stale tokens; ``minibatches=K`` splits the batch into K mini-batches of whole
   groups, one step each, and the policy moves between them as the report's off-policy updates do;
 - synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts);
-- rank 0 plays every rollout in the learner's process on one engine (or one server at ``engine_url``); the
-  report's disaggregated engines, harness pool and porter run beside the trainer (chapter 6), not inside it yet.
+- rank 0 plays every rollout: on one engine (in process, or one server at ``engine_url``), or with ``engines > 1``
+  (or several ``engine_url`` servers) on a :class:`~mimo_kit.infra.service.RolloutService` that places each group
+  on an engine, runs one rollout loop per engine in its own thread and re-plays the groups of an engine that
+  fails; steps stay synchronous, and the harness pool and porter still run beside the trainer (chapter 6).
 
 The run (:func:`run_rl`) reads top to bottom: world → SFT warm start → engine → resume or evaluate → for each
 step: :meth:`TaskStream.gather` (collect, grade, advantages) → :func:`train_step` (loss, update) → weight sync →
@@ -204,7 +206,12 @@ class RLConfig(Config):
     fsdp: str = knob("auto", "FSDP2 for the learner: auto = shard when torchrun starts > 1 process; on; off")
     engine_url: str = knob("", "'' = the in-process engine; 'http://127.0.0.1:PORT' = a server speaking SGLang's "
                            "native API (mimo-kit serve --rl-preset ..., or SGLang) that plays the rollouts out of "
-                           "process and gets the weights through /update_weights_from_disk")
+                           "process and gets the weights through /update_weights_from_disk; several URLs, comma-"
+                           "separated, make a RolloutService over those servers")
+    engines: int = knob(1, "rollout engines on rank 0 (Report §6: many engines): > 1 = a RolloutService of that "
+                        "many in-process engines, one rollout loop each (several engine_url servers set it)", min=1)
+    engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
+                                   "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
         7200.0, "the learner ranks wait in a broadcast while rank 0 plays a step's rollouts: allow two hours",
         min=1.0)
@@ -233,8 +240,17 @@ class RLConfig(Config):
             raise ConfigError("RLConfig.engine_url with staleness > 0: partial rollouts cut generation at a "
                               "deterministic decode step through the in-process engine's hook; use the in-process "
                               "engine for them (engine_url='')")
-        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
-            raise ConfigError(f"RLConfig.engine_url={self.engine_url!r}; expected '' or an http(s):// URL")
+        for url in self.engine_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"RLConfig.engine_url={self.engine_url!r}: {url!r} is not an http(s):// URL; "
+                                  "expected '' or comma-separated http(s):// URLs")
+        if len(self.engine_urls) > 1 and self.engines not in (1, len(self.engine_urls)):
+            raise ConfigError(f"RLConfig.engines={self.engines} with {len(self.engine_urls)} engine_url servers: "
+                              "the servers are the engines; leave engines=1 or set it to their number")
+        if self.n_engines > 1 and self.staleness > 0:
+            raise ConfigError(f"RLConfig.staleness={self.staleness} with {self.n_engines} engines: partial rollouts "
+                              "run on one engine for now (asynchronous steps across engines are planned); set "
+                              "staleness=0 or engines=1")
         if self.activation_checkpointing and self.r3:
             raise ConfigError("RLConfig.activation_checkpointing with r3: routing replay hands out the recorded "
                               "experts in order, and a recomputed layer would ask for them twice; turn one off")
@@ -258,6 +274,16 @@ class RLConfig(Config):
         if self.topp_replay and self.top_p >= 1.0:
             raise ConfigError("RLConfig.topp_replay=true with top_p=1.0: every token is a candidate, so replay "
                               "would change nothing; set top_p < 1 (e.g. top_p=0.9)")
+
+    @property
+    def engine_urls(self) -> list[str]:
+        """The servers of ``engine_url`` (comma-separated), none for the in-process engines."""
+        return [u.strip() for u in self.engine_url.split(",") if u.strip()]
+
+    @property
+    def n_engines(self) -> int:
+        """Rollout engines: the servers of ``engine_url``, else ``engines`` in-process ones."""
+        return len(self.engine_urls) or self.engines
 
     @property
     def math(self) -> RLMathConfig:
@@ -733,7 +759,10 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: in
     local = hasattr(engine, "rng_state")  # a remote engine seeds each request itself
     if local:
         state = engine.rng_state()
-        engine.generator.manual_seed(777 + seed_offset)
+        if hasattr(engine, "seed"):  # a RolloutService: engine i from 777 + offset + i
+            engine.seed(777 + seed_offset)
+        else:
+            engine.generator.manual_seed(777 + seed_offset)
     samples = rollout.play(engine, world.eval_groups(cfg.eval_tasks, cfg.seed, cfg.eval_samples),
                            cfg.rollout_settings(world, training=False), grade_workers=world.grade_workers)
     if local:
@@ -776,7 +805,8 @@ def sync_weights(engine: InProcessEngine | None, model, version: int, cfg: RLCon
         return
     engine.update_weights(weights, version)
     if cfg.rollout_mxfp4 and not cfg.engine_url:
-        quantize_experts_(engine.model)
+        for e in getattr(engine, "engines", [engine]):  # a RolloutService: each of its engines
+            quantize_experts_(e.model)
 
 
 def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | None:
@@ -786,14 +816,25 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
     fills with the gathered weights."""
     if not d.is_main:
         return None
-    if cfg.engine_url:  # out of process: a SGLang-API server; sync_weights sends every version through a folder
+    if cfg.n_engines > 1:  # Report §6: several engines behind one play(), one rollout loop each
+        from mimo_kit.infra.service import RolloutService
+
+        return RolloutService([one_engine(model, cfg, world, d, i) for i in range(cfg.n_engines)],
+                              kv_capacity=cfg.engine_kv_tokens, margin=cfg.mixing.kv_margin)
+    return one_engine(model, cfg, world, d, 0)
+
+
+def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
+    """Engine i: the i-th server of ``engine_url``, else an in-process engine sampling from seed ``seed + i``."""
+    if cfg.engine_urls:  # out of process: a SGLang-API server; sync_weights sends every version through a folder
         from mimo_kit.infra.sglang import SGLangEngine
 
-        return SGLangEngine(cfg.engine_url, seed=cfg.seed, weights_dir=Path(cfg.out_dir) / "engine_weights")
+        folder = Path(cfg.out_dir) / "engine_weights" / (f"engine{i}" if cfg.n_engines > 1 else "")
+        return SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder)
     if not uses_fsdp(d, cfg.fsdp):
-        return InProcessEngine(model, seed=cfg.seed, pad_id=world.pad_id if cfg.student.model else 0)
+        return InProcessEngine(model, seed=cfg.seed + i, pad_id=world.pad_id if cfg.student.model else 0)
     full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
-    return InProcessEngine(full, seed=cfg.seed, copy_weights=False)
+    return InProcessEngine(full, seed=cfg.seed + i, copy_weights=False)
 
 
 def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
@@ -889,7 +930,9 @@ class TaskStream:
 
     def _play(self, tasks: list) -> list[Sample]:
         groups = [self.world.episodes(t, self.cfg.group_size) for t in tasks]
-        return rollout.play(self.engine, groups, self.settings, grade_workers=self.world.grade_workers)
+        by_id = {gid: t for (gid, _), t in zip(groups, tasks)}  # a group whose engine failed restarts fresh
+        return rollout.play(self.engine, groups, self.settings, grade_workers=self.world.grade_workers,
+                            rebuild=lambda gid: self.world.episodes(by_id[gid], self.cfg.group_size)[1])
 
     def draw(self) -> Any:
         """One new group of episodes of a task from the pool (what the partial-rollout buffer refills with)."""
