@@ -87,7 +87,7 @@ class Closing:
 
 def test_one_engine_plays_exactly_as_the_driver(policy):
     """A service of one engine is the plain driver: the same tokens, logprobs and endings from the same seed."""
-    ts = tasks(5)
+    ts = tasks(3)
     svc = RolloutService([InProcessEngine(policy, seed=3)])
     assert tokens(svc.play(groups(ts), SETTINGS)) == tokens(rollout.play(InProcessEngine(policy, seed=3),
                                                                           groups(ts), SETTINGS))
@@ -173,6 +173,34 @@ def test_no_engine_left_raises_naming_each_failure(policy):
     svc = RolloutService([Recorder(InProcessEngine(policy, seed=i), die_after=0) for i in range(2)])
     with pytest.raises(NoEngineLeft, match="engine 0: ConnectionError.*engine 1: ConnectionError"):
         svc.play(groups(tasks(2)), SETTINGS, rebuild=lambda gid: WORLD.episodes(tasks(2)[0], 3)[1])
+
+
+def test_a_bug_in_an_engine_is_raised_not_hidden(policy):
+    """Only an unreachable engine (an OSError) leaves the service; any other exception is the caller's."""
+
+    class Buggy(Recorder):
+        def generate(self, requests):
+            raise ValueError("a bad request")
+
+    svc = RolloutService([Buggy(InProcessEngine(policy, seed=0)), Recorder(InProcessEngine(policy, seed=1))])
+    with pytest.raises(ValueError, match="a bad request"):
+        svc.play(groups(tasks(2)), SETTINGS)
+    assert svc.alive == [True, True]
+
+
+def test_an_engine_gone_at_the_weight_sync_leaves_the_service(policy):
+    class Gone(Recorder):
+        def update_weights(self, state_dict, version):
+            raise ConnectionRefusedError("connection refused")
+
+    svc = RolloutService([Gone(InProcessEngine(policy, seed=0)), Recorder(InProcessEngine(policy, seed=1))])
+    svc.update_weights(policy.state_dict(), 1)
+    assert svc.alive == [False, True] and svc.policy_version == 1 and "refused" in svc.failures[0]
+    assert set(svc.last_placement.values()) <= {1}
+    svc.play(groups(tasks(2)), SETTINGS)
+    assert set(svc.last_placement.values()) == {1}
+    with pytest.raises(NoEngineLeft):
+        RolloutService([Gone(InProcessEngine(policy, seed=0))]).update_weights(policy.state_dict(), 1)
 
 
 def test_engines_run_side_by_side(policy):

@@ -12,9 +12,11 @@ trainer's rollout side when ``RLConfig.engines > 1`` (or ``engine_url`` lists se
   ``kv_capacity`` (predictive dispatch, :func:`~mimo_kit.infra.mixer.admit`; an empty engine always admits
   one), advances them a turn at a time (:func:`~mimo_kit.infra.rollout.advance`) and grades a group as soon as
   its episodes end, so one engine's generation overlaps another's tool calls and grading;
-- **faults**: an engine whose ``generate`` raises is taken out of service; its unfinished groups are rebuilt
-  (fresh episodes from ``rebuild(group_id)``) and placed on the engines still serving, so the step keeps its
-  number of groups and no group is counted twice; with no engine left the call raises;
+- **faults**: an engine that cannot be reached (its ``generate`` or ``update_weights`` raises an ``OSError``: a
+  refused connection, a timeout, :class:`~mimo_kit.infra.sglang.SGLangUnreachable`) is taken out of service;
+  its unfinished groups are rebuilt (fresh episodes from ``rebuild(group_id)``) and placed on the engines still
+  serving, so the step keeps its number of groups and no group is counted twice; with no engine left the call
+  raises :class:`NoEngineLeft`; any other exception is a bug and propagates;
 - **weights**: :meth:`update_weights` sends each version to every engine in service.
 
 Placement is static (decided from the estimates before any engine starts), so which engine plays which group, and
@@ -40,8 +42,13 @@ Groups = Sequence[tuple[str, Sequence[Any]]]
 Rebuild = Callable[[str], Sequence[Any]]
 
 
+#: What takes an engine out of service: it is gone (a refused connection, a timeout). Any other exception is a bug
+#: or a bad request and propagates.
+ENGINE_FAULTS: tuple[type[BaseException], ...] = (OSError,)
+
+
 class NoEngineLeft(RuntimeError):
-    """Every engine of the service failed during one ``play``."""
+    """Every engine of the service failed."""
 
 
 class RolloutService:
@@ -67,14 +74,30 @@ class RolloutService:
         return min(e.policy_version for e, ok in zip(self.engines, self.alive) if ok)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        for e, ok in zip(self.engines, self.alive):
-            if ok:
-                e.update_weights(state_dict, version)
+        """Each version to every engine in service; one that cannot be reached leaves the service."""
+        for i, e in enumerate(self.engines):
+            if self.alive[i]:
+                try:
+                    e.update_weights(state_dict, version)
+                except ENGINE_FAULTS as exc:
+                    self._fail(i, exc)
+        self._any_left()
 
     def abort(self) -> None:
-        for e, ok in zip(self.engines, self.alive):
-            if ok:
-                e.abort()
+        for i, e in enumerate(self.engines):
+            if self.alive[i]:
+                try:
+                    e.abort()
+                except ENGINE_FAULTS as exc:
+                    self._fail(i, exc)
+
+    def _fail(self, i: int, exc: BaseException) -> None:
+        self.alive[i] = False
+        self.failures.append(f"engine {i}: {type(exc).__name__}: {str(exc)[:300]}")
+
+    def _any_left(self) -> None:
+        if not any(self.alive):
+            raise NoEngineLeft("RolloutService: every engine failed: " + "; ".join(self.failures))
 
     def rng_state(self) -> list[Any]:
         return [e.rng_state() if hasattr(e, "rng_state") else None for e in self.engines]
@@ -123,8 +146,7 @@ class RolloutService:
         done: dict[int, Sample] = {}
         todo = list(range(len(started)))
         while todo:
-            if not any(self.alive):
-                raise NoEngineLeft("RolloutService: every engine failed: " + "; ".join(self.failures))
+            self._any_left()
             lost = self._round({g: started[g][1] for g in todo}, ids, done, settings, grade_workers)
             for g in lost:  # a group whose engine died: its episodes hold that engine's half-played state
                 if rebuild is None:
@@ -150,6 +172,7 @@ class RolloutService:
             per.setdefault(e, []).append(g)
             self.last_placement[ids[g]] = e
         lost: list[int] = []
+        errors: list[BaseException] = []
         lock = threading.Lock()
 
         def loop(e: int, mine: list[int]) -> None:
@@ -158,11 +181,13 @@ class RolloutService:
                                                 grade_workers):
                     with lock:
                         done[g] = smp
-            except Exception as exc:  # noqa: BLE001 - an engine's failure is the engine's, not the step's
+            except ENGINE_FAULTS as exc:  # the engine is gone: its groups are the others' now
                 with lock:
-                    self.alive[e] = False
-                    self.failures.append(f"engine {e}: {type(exc).__name__}: {str(exc)[:300]}")
+                    self._fail(e, exc)
                     lost.extend(g for g in mine if g not in done)
+            except BaseException as exc:  # noqa: BLE001 - a bug or a bad request: raised in the caller's thread
+                with lock:
+                    errors.append(exc)
 
         threads = [threading.Thread(target=loop, args=(e, mine), name=f"rollout-engine-{e}", daemon=True)
                    for e, mine in sorted(per.items())]
@@ -170,6 +195,8 @@ class RolloutService:
             t.start()
         for t in threads:
             t.join()
+        if errors:
+            raise errors[0]
         return sorted(lost)
 
     def _engine_loop(self, engine: Any, groups: list[tuple[int, list[Rollout]]], est: dict[int, float],

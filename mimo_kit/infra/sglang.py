@@ -65,6 +65,11 @@ class SGLangError(RuntimeError):
     """A SGLang server could not be reached or answered with an error; the message names the URL."""
 
 
+class SGLangUnreachable(SGLangError, ConnectionError):
+    """The server refused the connection or did not answer in time: gone, not wrong (a rollout service takes such
+    an engine out of service and plays its groups on the others)."""
+
+
 def topp_from_top_logprobs(top: Sequence[tuple[float, int]], *, top_p: float, top_k: int = 0,
                            vocab_size: int | None = None) -> tuple[list[int], bool]:
     """The top-k/top-p sampling set rebuilt from the top-K logprobs a SGLang server returns → (ids, exact).
@@ -168,9 +173,10 @@ class SGLangEngine:
         try:
             resp = requests.request(method, url, json=payload, timeout=timeout or self.timeout)
         except requests.ConnectionError as e:
-            raise SGLangError(f"SGLang server at {url} is unreachable ({type(e).__name__}); is it running?") from e
+            raise SGLangUnreachable(f"SGLang server at {url} is unreachable ({type(e).__name__}); "
+                                    "is it running?") from e
         except requests.Timeout as e:
-            raise SGLangError(f"SGLang server at {url} did not answer within {timeout or self.timeout} s") from e
+            raise SGLangUnreachable(f"SGLang server at {url} did not answer within {timeout or self.timeout} s") from e
         return resp
 
     def _json(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
