@@ -298,7 +298,10 @@ class _Hosts:
 
     def groups(self, groups: Sequence[tuple[str, Sequence[Callable[[dict], Any]]]]) -> list[tuple[str, list]]:
         """``[(group id, builders), ...]`` → ``[(group id, PooledEpisode proxies)]`` for :func:`rollout.play`."""
-        specs = [TenantSpec(f"{gid}/{i}", b) for gid, bs in groups for i, b in enumerate(bs)]
+        specs = []
+        for gid, bs in groups:  # one group id may be drawn twice (in a call or before a close): a serial per group
+            self._serial = getattr(self, "_serial", 0) + 1
+            specs += [TenantSpec(f"{gid}/{i}#{self._serial}", b) for i, b in enumerate(bs)]
         eps = iter(self.open(specs))
         return [(gid, [next(eps) for _ in bs]) for gid, bs in groups]
 

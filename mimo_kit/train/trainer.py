@@ -42,7 +42,9 @@ Departures from the report, on purpose:
 - rank 0 plays every rollout: on one engine (in process, or one server at ``engine_url``), or with ``engines > 1``
   (or several ``engine_url`` servers) on a :class:`~mimo_kit.infra.service.RolloutService` that places each group
   on an engine, runs one rollout loop per engine in its own thread and re-plays the groups of an engine that
-  fails; steps stay synchronous, and the harness pool and porter still run beside the trainer (chapter 6).
+  fails; with ``pool="local"`` or ``"ray"`` the episodes live in a harness pool's hosts (Ray actors, each holding
+  many episodes and their tool threads) and the driver steps their proxies; steps stay synchronous, and payloads
+  reach the learner as objects (the porter runs beside the trainer, chapter 6).
 
 The run (:func:`run_rl`) reads top to bottom: world → SFT warm start → engine → resume or evaluate → for each
 step: :meth:`TaskStream.gather` (collect, grade, advantages) → :func:`train_step` (loss, update) → weight sync →
@@ -71,6 +73,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import random
 import statistics
 import time
@@ -210,6 +213,11 @@ class RLConfig(Config):
                            "separated, make a RolloutService over those servers")
     engines: int = knob(1, "rollout engines on rank 0 (Report §6: many engines): > 1 = a RolloutService of that "
                         "many in-process engines, one rollout loop each (several engine_url servers set it)", min=1)
+    pool: str = knob("", "where the episodes live (Report §6 harness pool): '' = the trainer's process; 'local' = a "
+                     "HarnessPool of in-process hosts; 'ray' = persistent Ray actors, each hosting many episodes (a "
+                     "private loopback head when Ray is not initialised)")
+    pool_actors: int = knob(2, "the harness pool's hosts; each keeps many episodes (tenants) and their tool threads",
+                            min=1)
     engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
                                    "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
@@ -247,6 +255,12 @@ class RLConfig(Config):
         if len(self.engine_urls) > 1 and self.engines not in (1, len(self.engine_urls)):
             raise ConfigError(f"RLConfig.engines={self.engines} with {len(self.engine_urls)} engine_url servers: "
                               "the servers are the engines; leave engines=1 or set it to their number")
+        if self.pool not in ("", "local", "ray"):
+            raise ConfigError(f"RLConfig.pool={self.pool!r}; expected '' (episodes in the trainer), 'local' or 'ray'")
+        if self.pool and self.staleness > 0:
+            raise ConfigError(f"RLConfig.pool={self.pool!r} with staleness={self.staleness}: partial rollouts keep "
+                              "their episodes in the trainer for now (pooled partial rollouts are planned); set "
+                              "pool='' or staleness=0")
         if self.n_engines > 1 and self.staleness > 0:
             raise ConfigError(f"RLConfig.staleness={self.staleness} with {self.n_engines} engines: partial rollouts "
                               "run on one engine for now (asynchronous steps across engines are planned); set "
@@ -913,13 +927,39 @@ def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
                           "use another out_dir or delete the checkpoint to start afresh")
 
 
+@contextlib.contextmanager
+def harness_pool(cfg: RLConfig, world: Any, d: Dist):
+    """Rank 0's harness pool for the run (``cfg.pool``; None without one, and on the other ranks). A Ray pool joins
+    the Ray that is initialised, else starts a private loopback head and stops it with the pool."""
+    if not cfg.pool or not d.is_main:
+        yield None
+        return
+    from mimo_kit.infra.pool import HarnessPool, start_local_head, stop_local_head
+
+    started = False
+    if cfg.pool == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            start_local_head(num_cpus=max(2, len(os.sched_getaffinity(0))))
+            started = True
+    pool = HarnessPool(cfg.pool_actors, world.pool_setup(), backend=cfg.pool,
+                       tool_threads=max(2, world.grade_workers))
+    try:
+        yield pool
+    finally:
+        pool.shutdown()
+        if started:
+            stop_local_head()
+
+
 class TaskStream:
     """Where a step's groups come from (rank 0 plays them): tasks drawn from the run's pool with a checkpointed RNG,
     played by the engine — uniformly with dynamic sampling (:func:`collect`; through the partial-rollout buffer when
     ``staleness > 0``) or per source through the Sample Mixer (:func:`collect_mixed`)."""
 
-    def __init__(self, cfg: RLConfig, world: Any, engine: Any):
-        self.cfg, self.world, self.engine = cfg, world, engine
+    def __init__(self, cfg: RLConfig, world: Any, engine: Any, pool: Any = None):
+        self.cfg, self.world, self.engine, self.harness_pool = cfg, world, engine, pool
         self.rng = random.Random(cfg.seed)
         self.pool = world.tasks(max(cfg.prompts * cfg.steps, cfg.prompts), seed=20_000 + cfg.seed, prefix="rl")
         self.buffer = (PartialRolloutBuffer(cfg.group_size, cfg.staleness, cfg.in_flight or 2 * cfg.prompts)
@@ -929,10 +969,19 @@ class TaskStream:
         self.settings = cfg.rollout_settings(world)
 
     def _play(self, tasks: list) -> list[Sample]:
-        groups = [self.world.episodes(t, self.cfg.group_size) for t in tasks]
-        by_id = {gid: t for (gid, _), t in zip(groups, tasks)}  # a group whose engine failed restarts fresh
+        n, pool = self.cfg.group_size, self.harness_pool
+        if pool is not None:  # the episodes live in the pool's hosts; the driver steps their proxies (Report §6)
+            built = [self.world.builders(t, n) for t in tasks]
+            by_id = dict(built)
+            groups = pool.groups(built)
+            rebuild = lambda gid: pool.groups([(gid, by_id[gid])])[0][1]  # noqa: E731
+        else:
+            groups = [self.world.episodes(t, n) for t in tasks]
+            by_task = {gid: t for (gid, _), t in zip(groups, tasks)}
+            rebuild = lambda gid: self.world.episodes(by_task[gid], n)[1]  # noqa: E731
+        # rebuild: fresh episodes of a group whose engine failed (a RolloutService plays it again elsewhere)
         return rollout.play(self.engine, groups, self.settings, grade_workers=self.world.grade_workers,
-                            rebuild=lambda gid: self.world.episodes(by_id[gid], self.cfg.group_size)[1])
+                            rebuild=rebuild)
 
     def draw(self) -> Any:
         """One new group of episodes of a task from the pool (what the partial-rollout buffer refills with)."""
@@ -1012,7 +1061,7 @@ def run_rl(cfg: RLConfig) -> dict:
     ckpt, metrics = out / "checkpoint", out / "metrics.jsonl"
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
-    with torch_threads(cfg.threads):
+    with torch_threads(cfg.threads), contextlib.ExitStack() as stack:
         world = shared_world(cfg, d)
         model, sft_losses = warm_start(cfg, out, world, d)
         if hasattr(model, "freeze_router"):  # the kit decoder's router (Report §5.4); a dense student has none
@@ -1021,7 +1070,8 @@ def run_rl(cfg: RLConfig) -> dict:
         opt = build_rl_optimizer(model, cfg)
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
         sync_weights(engine, model, 0, cfg)
-        controller, stream = EntropyClipController.from_config(cfg.clip), TaskStream(cfg, world, engine)
+        pool = stack.enter_context(harness_pool(cfg, world, d))  # rank 0's, when cfg.pool names one
+        controller, stream = EntropyClipController.from_config(cfg.clip), TaskStream(cfg, world, engine, pool)
         start, sft_eval = 0, None
         if (ckpt / "trainer.pt").is_file():  # resume: weights, optimiser, every RNG, controller, sampler, Mixer
             _same_run(torch.load(ckpt / "trainer.pt", weights_only=False).get("config", {}), cfg, ckpt)

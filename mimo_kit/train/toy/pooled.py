@@ -29,19 +29,39 @@ class ToyBuild:
 @dataclasses.dataclass(frozen=True)
 class RepoBuild:
     """A repo-world harness episode (:class:`~mimo_kit.train.toy.repo.RepoEpisode`): its sandboxed workspace is made
-    inside the actor, with the actor's shared tokenizer (``shared["tokenizer"]``, bytes by default)."""
+    inside the actor, with the actor's shared tokenizer (``shared["tokenizer"]``, bytes by default) and grade cache
+    (``shared["grades"]``: identical patches of a task graded once per host). ``max_steps`` / ``max_wall_s`` (> 0)
+    cap the harness's own limits, as :meth:`~mimo_kit.train.toy.repo.RepoWorld.episodes` does."""
 
     task: Any
     harness: str = "mini-bash"
     task_dir: str = ""
+    max_steps: int = 0
+    max_wall_s: float = 0.0
 
     def __call__(self, shared: dict) -> Any:
+        from mimo_kit.envs import code as code_env
         from mimo_kit.harness.config import get_harness
         from mimo_kit.harness.episode import ByteTokenizer
         from mimo_kit.train.toy.repo import RepoEpisode
 
         tok = shared.setdefault("tokenizer", ByteTokenizer())
-        return RepoEpisode(self.task, get_harness(self.harness), tok, self.task_dir)
+        h = get_harness(self.harness)
+        if self.max_steps:
+            h = dataclasses.replace(h, max_steps=min(h.max_steps, self.max_steps))
+        if self.max_wall_s:
+            h = dataclasses.replace(h, max_wall_s=self.max_wall_s)
+        return RepoEpisode(self.task, h, tok, self.task_dir, shared.setdefault("grades", code_env.GradeCache()))
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedTokenizer:
+    """A pool host's setup: the world's tokenizer in ``shared`` (pickled once per host, not per episode)."""
+
+    tokenizer: Any
+
+    def __call__(self) -> dict:
+        return {"tokenizer": self.tokenizer}
 
 
 # ---- a seeded engine (tests, benchmarks, notebooks) -----------------------------------------------------------------

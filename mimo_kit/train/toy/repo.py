@@ -453,12 +453,29 @@ class RepoWorld:
     def episodes(self, task: RepoTask, group_size: int, harness: str | None = None) -> tuple[str, list[Any]]:
         """One group: ``group_size`` episodes of ``task`` in one harness (by default a training harness fixed by a
         hash of the task id: a uniform spread over the harnesses that a resumed run reproduces)."""
-        if harness is None:
-            harness = self.cfg.train_harnesses[zlib.crc32(task.task_id.encode()) % len(self.cfg.train_harnesses)]
+        harness = harness or self.train_harness(task)
         h = get_harness(harness)
         h = dataclasses.replace(h, max_steps=min(h.max_steps, self.cfg.max_steps), max_wall_s=self.cfg.max_wall_s)
         return f"{task.task_id}@{harness}", [RepoEpisode(task, h, self.tokenizer, self.cfg.task_dir, self.grades)
                                              for _ in range(group_size)]
+
+    def builders(self, task: RepoTask, group_size: int) -> tuple[str, list[Any]]:
+        """The group of :meth:`episodes` as harness-pool builders: the same id, harness and limits, built in a host."""
+        from mimo_kit.train.toy.pooled import RepoBuild
+
+        harness = self.train_harness(task)
+        b = RepoBuild(task, harness, self.cfg.task_dir, self.cfg.max_steps, self.cfg.max_wall_s)
+        return f"{task.task_id}@{harness}", [b] * group_size
+
+    def train_harness(self, task: RepoTask) -> str:
+        """The training harness of a task, fixed by a hash of its id (uniform, and the same after a resume)."""
+        return self.cfg.train_harnesses[zlib.crc32(task.task_id.encode()) % len(self.cfg.train_harnesses)]
+
+    def pool_setup(self) -> Any:
+        """What each harness-pool host builds once: the world's tokenizer."""
+        from mimo_kit.train.toy.pooled import SharedTokenizer
+
+        return SharedTokenizer(self.tokenizer)
 
     def rollout_settings(self, temperature: float, top_p: float, routed: bool, candidates: bool) -> RolloutSettings:
         return RolloutSettings(max_turns=self.cfg.max_steps, max_action_tokens=self.cfg.max_action_tokens,
