@@ -222,6 +222,9 @@ def start_chromium(chromium: str, chromedriver: str, *, profile: Path):
     driver.set_script_timeout(60)
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": False})
+    # a headless page need not have focus (Chromium 150: document.hasFocus() is false), and JupyterLab's
+    # shell.currentWidget, which its menu commands act on, follows focus: the page is told it has it
+    driver.execute_cdp_cmd("Emulation.setFocusEmulationEnabled", {"enabled": True})
     return driver
 
 
