@@ -49,6 +49,19 @@ def side(name: str, engine, world, tasks, group: int, settings, pool=None) -> di
             "turns": statistics.mean(q.metadata.get("turns", 0) for q in seqs)}
 
 
+def verdict(rows: list[dict]) -> str:
+    """What the table shows, from its own ratios."""
+    best = max(rows[1:], key=lambda r: float(r["× one engine"]))
+    ratio = float(best["× one engine"])
+    head = (f"The best service row ({best['side']}) plays {ratio:.2f}× the one-engine loop's episodes per second: "
+            + ("faster. " if ratio > 1.05 else "no faster. "))
+    return head + ("The in-process engines share one Python process, so their decode loops take turns on the "
+                   "interpreter and each decodes a smaller batch; the overlap of one engine's generation with the "
+                   "others' sandboxed tool calls and grading has to pay for both. Engines in their own processes "
+                   "(`mimo-kit serve` servers, several `engine_url=` URLs) decode in parallel; measuring them here, "
+                   "and asynchronous steps, are planned.")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--tasks", type=int, default=8)
@@ -108,10 +121,7 @@ def main() -> None:
         "",
         markdown_table(rows),
         "",
-        "The in-process engines share one Python process: their decode loops take turns on the interpreter, so what "
-        "the service gains here is the overlap of one engine's generation with the others' tool calls and grading "
-        "(subprocesses, waited on without the interpreter). Engines in their own processes (`mimo-kit serve`, "
-        "`engine_url=` several URLs) also decode in parallel.",
+        verdict(rows),
         "",
     ])
     Path(args.out).write_text(text)
