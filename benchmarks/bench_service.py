@@ -30,13 +30,14 @@ from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.service import RolloutService
 from mimo_kit.nb import markdown_table
+from mimo_kit.train.toy import pooled
 from mimo_kit.train.trainer import RLConfig, warm_start
 
 
 def side(name: str, engine, world, tasks, group: int, settings, pool=None) -> dict:
     """One round: every task's group played to its end (graded); episodes/s and generated tokens/s."""
     if pool is not None:
-        groups = pool.groups([world.builders(t, group) for t in tasks])
+        groups = pool.groups([pooled.builders(world, t, group) for t in tasks])
     else:
         groups = [world.episodes(t, group) for t in tasks]
     t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def main() -> None:
     if args.pool:
         from mimo_kit.infra.pool import HarnessPool
 
-        pool = HarnessPool(2, world.pool_setup(), backend="local", tool_threads=max(2, world.grade_workers))
+        pool = HarnessPool(2, pooled.host_setup(world), backend="local", tool_threads=max(2, world.grade_workers))
         e = max(args.engines)
         sides[f"service, {e} engines, local pool"] = (
             lambda: RolloutService([InProcessEngine(policy, seed=i) for i in range(e)]), pool)

@@ -298,10 +298,14 @@ class _Hosts:
 
     def groups(self, groups: Sequence[tuple[str, Sequence[Callable[[dict], Any]]]]) -> list[tuple[str, list]]:
         """``[(group id, builders), ...]`` → ``[(group id, PooledEpisode proxies)]`` for :func:`rollout.play`."""
-        specs = []
-        for gid, bs in groups:  # one group id may be drawn twice (in a call or before a close): a serial per group
-            self._serial = getattr(self, "_serial", 0) + 1
-            specs += [TenantSpec(f"{gid}/{i}#{self._serial}", b) for i, b in enumerate(bs)]
+        specs, taken = [], set(self.placement)
+        for gid, bs in groups:  # tenant i of group g is "g/i", the driver's request id, unless g is open already
+            ids = [f"{gid}/{i}" for i in range(len(bs))]
+            if taken.intersection(ids):  # the same group drawn twice: a serial keeps the tenants apart
+                self._serial = getattr(self, "_serial", 0) + 1
+                ids = [f"{t}#{self._serial}" for t in ids]
+            taken.update(ids)
+            specs += [TenantSpec(t, b) for t, b in zip(ids, bs)]
         eps = iter(self.open(specs))
         return [(gid, [next(eps) for _ in bs]) for gid, bs in groups]
 

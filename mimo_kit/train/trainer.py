@@ -128,6 +128,7 @@ from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
 from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
 from mimo_kit.train.student import StudentConfig, check_student_run
+from mimo_kit.train.toy import pooled
 from mimo_kit.train.toy.repo import RepoWorld, RepoWorldConfig, harness_table
 from mimo_kit.train.toy.world import ToyWorld
 
@@ -943,7 +944,7 @@ def harness_pool(cfg: RLConfig, world: Any, d: Dist):
         if not ray.is_initialized():
             start_local_head(num_cpus=max(2, len(os.sched_getaffinity(0))))
             started = True
-    pool = HarnessPool(cfg.pool_actors, world.pool_setup(), backend=cfg.pool,
+    pool = HarnessPool(cfg.pool_actors, pooled.host_setup(world), backend=cfg.pool,
                        tool_threads=max(2, world.grade_workers))
     try:
         yield pool
@@ -971,7 +972,7 @@ class TaskStream:
     def _play(self, tasks: list) -> list[Sample]:
         n, pool = self.cfg.group_size, self.harness_pool
         if pool is not None:  # the episodes live in the pool's hosts; the driver steps their proxies (Report §6)
-            built = [self.world.builders(t, n) for t in tasks]
+            built = [pooled.builders(self.world, t, n) for t in tasks]
             by_id = dict(built)
             groups = pool.groups(built)
             rebuild = lambda gid: pool.groups([(gid, by_id[gid])])[0][1]  # noqa: E731

@@ -64,6 +64,21 @@ class SharedTokenizer:
         return {"tokenizer": self.tokenizer}
 
 
+def builders(world: Any, task: Any, group_size: int) -> tuple[str, list[Any]]:
+    """The group ``world.episodes(task, group_size)`` would build, as harness-pool builders (built in a host): the
+    same group id, and for the repo world the same training harness and limits."""
+    if world.name == "toy":
+        return task.task_id, [ToyBuild(task)] * group_size
+    harness = world.train_harness(task)
+    b = RepoBuild(task, harness, world.cfg.task_dir, world.cfg.max_steps, world.cfg.max_wall_s)
+    return f"{task.task_id}@{harness}", [b] * group_size
+
+
+def host_setup(world: Any) -> Any:
+    """What each pool host builds once for the world's episodes: the repo world's tokenizer; nothing for the toy."""
+    return SharedTokenizer(world.tokenizer) if world.name == "repo" else None
+
+
 # ---- a seeded engine (tests, benchmarks, notebooks) -----------------------------------------------------------------
 class SeededToyEngine:
     """A stand-in for the policy on the toy world: each reply is drawn from an RNG seeded by (seed, request id,

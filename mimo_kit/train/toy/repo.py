@@ -459,23 +459,9 @@ class RepoWorld:
         return f"{task.task_id}@{harness}", [RepoEpisode(task, h, self.tokenizer, self.cfg.task_dir, self.grades)
                                              for _ in range(group_size)]
 
-    def builders(self, task: RepoTask, group_size: int) -> tuple[str, list[Any]]:
-        """The group of :meth:`episodes` as harness-pool builders: the same id, harness and limits, built in a host."""
-        from mimo_kit.train.toy.pooled import RepoBuild
-
-        harness = self.train_harness(task)
-        b = RepoBuild(task, harness, self.cfg.task_dir, self.cfg.max_steps, self.cfg.max_wall_s)
-        return f"{task.task_id}@{harness}", [b] * group_size
-
     def train_harness(self, task: RepoTask) -> str:
         """The training harness of a task, fixed by a hash of its id (uniform, and the same after a resume)."""
         return self.cfg.train_harnesses[zlib.crc32(task.task_id.encode()) % len(self.cfg.train_harnesses)]
-
-    def pool_setup(self) -> Any:
-        """What each harness-pool host builds once: the world's tokenizer."""
-        from mimo_kit.train.toy.pooled import SharedTokenizer
-
-        return SharedTokenizer(self.tokenizer)
 
     def rollout_settings(self, temperature: float, top_p: float, routed: bool, candidates: bool) -> RolloutSettings:
         return RolloutSettings(max_turns=self.cfg.max_steps, max_action_tokens=self.cfg.max_action_tokens,

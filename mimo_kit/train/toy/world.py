@@ -303,16 +303,6 @@ class ToyWorld:
     def episodes(self, task: Task, group_size: int) -> tuple[str, list[ToyEpisode]]:
         return episodes(task, group_size)
 
-    def builders(self, task: Task, group_size: int) -> tuple[str, list[Any]]:
-        """The group of :meth:`episodes` as harness-pool builders (built in a host)."""
-        from mimo_kit.train.toy.pooled import ToyBuild
-
-        return task.task_id, [ToyBuild(task)] * group_size
-
-    def pool_setup(self) -> None:
-        """Nothing is shared by a host's toy episodes."""
-        return None
-
     def rollout_settings(self, temperature: float, top_p: float, routed: bool, candidates: bool) -> RolloutSettings:
         return rollout_settings(temperature, self.max_turns, top_p=top_p, return_routed_experts=routed,
                                 return_candidates=candidates)
