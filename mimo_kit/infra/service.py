@@ -55,7 +55,7 @@ class RolloutService:
     """E engines with the engine protocol (``generate``, ``update_weights``, ``abort``) played as one.
 
     ``kv_capacity`` is each engine's KV budget in tokens (0 = unbounded: all of an engine's groups decode
-    together); ``margin`` is the admission margin of predictive dispatch (Report §6, ``MixerConfig.margin``)."""
+    together); ``margin`` is the admission margin of predictive dispatch (Report §6, ``MixerConfig.kv_margin``)."""
 
     def __init__(self, engines: Sequence[Any], *, kv_capacity: float = 0.0, margin: float = 1.0):
         if not engines:
