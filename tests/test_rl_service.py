@@ -107,9 +107,9 @@ def test_episodes_stay_on_their_engine_and_groups_spread_by_planned_kv(policy):
     # the plan: each group to the engine with the least KV planned so far
     est = [svc.kv_estimate(rollout.start_groups([g])[0][1], SETTINGS) for g in groups(ts)]
     load = [0.0] * 3
-    for gid, e in zip([t.task_id for t in ts], svc.place(est)):
+    for x, e in zip(est, svc.place(est)):
         assert load[e] == min(load)
-        load[e] += est[[t.task_id for t in ts].index(gid)]
+        load[e] += x
     assert all(served), "every engine served"
 
 
@@ -196,7 +196,6 @@ def test_an_engine_gone_at_the_weight_sync_leaves_the_service(policy):
     svc = RolloutService([Gone(InProcessEngine(policy, seed=0)), Recorder(InProcessEngine(policy, seed=1))])
     svc.update_weights(policy.state_dict(), 1)
     assert svc.alive == [False, True] and svc.policy_version == 1 and "refused" in svc.failures[0]
-    assert set(svc.last_placement.values()) <= {1}
     svc.play(groups(tasks(2)), SETTINGS)
     assert set(svc.last_placement.values()) == {1}
     with pytest.raises(NoEngineLeft):

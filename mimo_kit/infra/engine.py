@@ -156,6 +156,10 @@ class InProcessEngine:
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()
 
+    def seed(self, seed: int) -> None:
+        """Restart the sampling stream from ``seed`` (evaluation's fixed draw)."""
+        self.generator.manual_seed(seed)
+
     def set_rng_state(self, state: torch.Tensor) -> None:
         self.generator.set_state(state)
 

@@ -243,6 +243,7 @@ class _Hosts:
         if backend not in ("local", "ray"):
             raise ValueError(f"backend={backend!r}; expected 'local' or 'ray'")
         self.backend = backend
+        self._serial = 0  # tenant-id suffixes for a group drawn again while it is open (groups())
         self.placement: dict[str, Any] = {}  # tenant id → host (a TenantHost or an actor handle)
 
     def _call(self, calls: list[tuple[Any, str, tuple]]) -> list[Any]:
@@ -302,7 +303,7 @@ class _Hosts:
         for gid, bs in groups:  # tenant i of group g is "g/i", the driver's request id, unless g is open already
             ids = [f"{gid}/{i}" for i in range(len(bs))]
             if taken.intersection(ids):  # the same group drawn twice: a serial keeps the tenants apart
-                self._serial = getattr(self, "_serial", 0) + 1
+                self._serial += 1
                 ids = [f"{t}#{self._serial}" for t in ids]
             taken.update(ids)
             specs += [TenantSpec(t, b) for t, b in zip(ids, bs)]

@@ -112,8 +112,8 @@ class RolloutService:
     def seed(self, seed: int) -> None:
         """Reseed every in-process engine's sampling stream (engine i from ``seed + i``): evaluation's fixed draw."""
         for i, e in enumerate(self.engines):
-            if hasattr(e, "generator"):
-                e.generator.manual_seed(seed + i)
+            if hasattr(e, "seed"):
+                e.seed(seed + i)
 
     # ---- placement ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -205,17 +205,15 @@ class RolloutService:
         group ends and is graded."""
         queue = list(groups)
         live: list[tuple[int, list[Rollout]]] = []
-        used = 0.0
         while queue or live:
+            used = sum(est[g] for g, _ in live)  # the estimated KV of the groups decoding now
             while queue and (not live or not self.kv_capacity  # an empty engine always takes one group
                              or admit(est[queue[0][0]], self.kv_capacity - used, self.margin)):
-                g, rs = queue.pop(0)
-                live.append((g, rs))
-                used += est[g]
+                live.append(queue.pop(0))
+                used += est[live[-1][0]]
             advance(engine, [r for _, rs in live for r in rs], settings)
             ended = [(g, rs) for g, rs in live if not any(r.live for r in rs)]
+            live = [(g, rs) for g, rs in live if any(r.live for r in rs)]
             for g, rs in ended:
                 grade(rs, grade_workers)
-                live.remove((g, rs))
-                used -= est[g]
                 yield g, group_sample(rs[0].group_id, rs)

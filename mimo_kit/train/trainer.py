@@ -217,8 +217,8 @@ class RLConfig(Config):
     pool: str = knob("", "where the episodes live (Report §6 harness pool): '' = the trainer's process; 'local' = a "
                      "HarnessPool of in-process hosts; 'ray' = persistent Ray actors, each hosting many episodes (a "
                      "private loopback head when Ray is not initialised)")
-    pool_actors: int = knob(2, "the harness pool's hosts; each keeps many episodes (tenants) and their tool threads",
-                            min=1)
+    pool_actors: int = knob(2, "the harness pool's hosts, each keeping many episodes and their tool threads: two, one "
+                            "per core of a laptop (the report does not publish its pool's size)", min=1)
     engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
                                    "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
@@ -774,10 +774,7 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: in
     local = hasattr(engine, "rng_state")  # a remote engine seeds each request itself
     if local:
         state = engine.rng_state()
-        if hasattr(engine, "seed"):  # a RolloutService: engine i from 777 + offset + i
-            engine.seed(777 + seed_offset)
-        else:
-            engine.generator.manual_seed(777 + seed_offset)
+        engine.seed(777 + seed_offset)  # a RolloutService: engine i from 777 + offset + i
     samples = rollout.play(engine, world.eval_groups(cfg.eval_tasks, cfg.seed, cfg.eval_samples),
                            cfg.rollout_settings(world, training=False), grade_workers=world.grade_workers)
     if local:

@@ -41,16 +41,11 @@ class RepoBuild:
 
     def __call__(self, shared: dict) -> Any:
         from mimo_kit.envs import code as code_env
-        from mimo_kit.harness.config import get_harness
         from mimo_kit.harness.episode import ByteTokenizer
-        from mimo_kit.train.toy.repo import RepoEpisode
+        from mimo_kit.train.toy.repo import RepoEpisode, capped_harness
 
         tok = shared.setdefault("tokenizer", ByteTokenizer())
-        h = get_harness(self.harness)
-        if self.max_steps:
-            h = dataclasses.replace(h, max_steps=min(h.max_steps, self.max_steps))
-        if self.max_wall_s:
-            h = dataclasses.replace(h, max_wall_s=self.max_wall_s)
+        h = capped_harness(self.harness, self.max_steps, self.max_wall_s)
         return RepoEpisode(self.task, h, tok, self.task_dir, shared.setdefault("grades", code_env.GradeCache()))
 
 

@@ -432,6 +432,17 @@ def load_world_tokenizer(cfg: RepoWorldConfig) -> BPETokenizer:
 
 
 # ---- the world as the trainer sees it ---------------------------------------------------------------------------
+def capped_harness(name: str, max_steps: int = 0, max_wall_s: float = 0.0):
+    """Harness ``name`` with its step limit capped at ``max_steps`` and its wall clock set to ``max_wall_s`` (0:
+    the harness's own): the repo world's limits, the same in the trainer and in a pool host."""
+    h = get_harness(name)
+    if max_steps:
+        h = dataclasses.replace(h, max_steps=min(h.max_steps, max_steps))
+    if max_wall_s:
+        h = dataclasses.replace(h, max_wall_s=max_wall_s)
+    return h
+
+
 class RepoWorld:
     """The trainer's view of the repo world: tasks, episodes, rollout settings, SFT data, held-out evaluation."""
 
@@ -454,8 +465,7 @@ class RepoWorld:
         """One group: ``group_size`` episodes of ``task`` in one harness (by default a training harness fixed by a
         hash of the task id: a uniform spread over the harnesses that a resumed run reproduces)."""
         harness = harness or self.train_harness(task)
-        h = get_harness(harness)
-        h = dataclasses.replace(h, max_steps=min(h.max_steps, self.cfg.max_steps), max_wall_s=self.cfg.max_wall_s)
+        h = capped_harness(harness, self.cfg.max_steps, self.cfg.max_wall_s)
         return f"{task.task_id}@{harness}", [RepoEpisode(task, h, self.tokenizer, self.cfg.task_dir, self.grades)
                                              for _ in range(group_size)]
 
