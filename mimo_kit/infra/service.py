@@ -112,7 +112,7 @@ class RolloutService:
     def seed(self, seed: int) -> None:
         """Reseed every in-process engine's sampling stream (engine i from ``seed + i``): evaluation's fixed draw."""
         for i, e in enumerate(self.engines):
-            if hasattr(e, "seed"):
+            if callable(getattr(e, "seed", None)):  # an in-process engine (a server's `seed` is its seed value)
                 e.seed(seed + i)
 
     # ---- placement ---------------------------------------------------------------------------------------------
