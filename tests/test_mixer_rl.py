@@ -7,7 +7,7 @@ from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -65,8 +65,7 @@ def test_exact_resume_with_the_mixer(tmp_path, sft_file, monkeypatch):
     ref = run_rl(mixed(tmp_path / "ref", sft_file, steps=4))
     interrupted(mixed(tmp_path / "res", sft_file, steps=4), monkeypatch, after=3)  # checkpoint at 2, dies in 4
     resumed = run_rl(mixed(tmp_path / "res", sft_file, steps=4))
-    clock = ("rollout_s", "step_s", "samples_per_s")
-    strip = lambda hist: [{k: v for k, v in h.items() if k not in clock} for h in hist]  # noqa: E731
+    strip = lambda hist: [{k: v for k, v in h.items() if k not in WALL_CLOCK} for h in hist]  # noqa: E731
     assert strip(resumed["history"]) == strip(ref["history"])
     assert resumed["rl_eval"] == ref["rl_eval"]
 

@@ -6,9 +6,9 @@ from conftest import RAY_GROUP, TOY_SFT_STEPS, with_sft
 from mimo_kit.config.base import ConfigError
 from mimo_kit.rl.trajectory import load_jsonl
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
-CLOCK = ("rollout_s", "step_s", "samples_per_s")  # per step
+CLOCK = WALL_CLOCK  # per step: the wall-clock fields
 EPISODE_CLOCK = ("wall_s",)  # per episode
 
 

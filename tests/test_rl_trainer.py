@@ -15,7 +15,7 @@ from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -125,20 +125,47 @@ def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
     assert g and c and min(g) > 1e-3 and max(c) < 1e-4, (g, c)
 
 
+def test_async_steps_train_one_version_behind_and_overlap(tmp_path, sft_file):
+    """Asynchronous steps (Report §6): from the second step on every trained token is exactly one version old, so
+    the PPO ratio departs from 1 (the clip can act) where the synchronous run's stays at 1; the rollout thread's
+    generation overlaps the learner's update in time."""
+    from mimo_kit.infra.timeline import load
+
+    sync = run_rl(tiny(tmp_path / "sync", sft_file, steps=3, checkpoint_every=0, eval_tasks=0))
+    r = run_rl(tiny(tmp_path / "async", sft_file, steps=3, checkpoint_every=0, eval_tasks=0, async_steps=True))
+    h = r["history"]
+    assert h[0]["lag_max"] == 0  # the first batch is gathered before any update
+    assert all(x["lag_mean"] == x["lag_max"] == 1 for x in h[1:])
+    assert all(x["lag_max"] == 0 and x["ratio_abs_dev"] < 1e-4 for x in sync["history"] if x["trained_tokens"])
+    assert any(x["ratio_abs_dev"] > 1e-3 for x in h[1:] if x["trained_tokens"])
+    assert sync["history"][0] == {**h[0], **{k: sync["history"][0][k] for k in WALL_CLOCK}}  # step 1: the same
+    spans = load(tmp_path / "async" / "timeline.jsonl")
+    train = [(s["t0"], s["t1"]) for s in spans if s["lane"] == "learner" and s["kind"] == "train"]
+    gen = [(s["t0"], s["t1"]) for s in spans if s["lane"].startswith("rollouts") and s["kind"] == "generate"]
+    assert len(train) == 3 and gen
+    assert any(a < d and c < b for a, b in gen for c, d in train)  # generation during an update
+    with pytest.raises(ConfigError, match="staleness=2"):
+        RLConfig(async_steps=True, staleness=2)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("staleness, engines", [(0, 1), (2, 1), (0, 2)], ids=["sync", "partial", "two-engines"])
-def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines):
+@pytest.mark.parametrize("staleness, engines, async_steps", [(0, 1, False), (2, 1, False), (0, 2, False),
+                                                              (0, 2, True)],
+                         ids=["sync", "partial", "two-engines", "async-two-engines"])
+def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines, async_steps):
     """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line; with
     S > 0 the groups in flight (and their aborted actions) travel in the checkpoint and resume identically; with
-    two engines (a RolloutService) each engine's sampling stream does."""
-    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines))
+    two engines (a RolloutService) each engine's sampling stream does; with asynchronous steps the batch gathered
+    ahead travels in the checkpoint."""
+    ref = run_rl(tiny(tmp_path / "ref", sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines,
+                      async_steps=async_steps))
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
     code = ("from mimo_kit.train.trainer import RLConfig, run_rl; from mimo_kit.train.sft import SFTConfig; "
             "import sys; "
             f"run_rl(RLConfig.preset('toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
-            f"engines={engines}, sft=SFTConfig(steps=150).to_dict()))")
+            f"engines={engines}, async_steps={async_steps}, sft=SFTConfig(steps=150).to_dict()))")
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 300
@@ -151,16 +178,17 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines):
     proc.wait()
     done = len(metrics.read_text().splitlines())
     assert 3 <= done < 6
-    resumed = run_rl(tiny(run_dir, sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines))
+    resumed = run_rl(tiny(run_dir, sft_file, steps=6, staleness=staleness, in_flight=8, engines=engines,
+                          async_steps=async_steps))
     with pytest.raises(ConfigError, match="different lr"):
-        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8, engines=engines))
+        run_rl(tiny(run_dir, sft_file, steps=6, lr=1e-3, staleness=staleness, in_flight=8, engines=engines,
+                    async_steps=async_steps))
     if staleness:
         # groups really stayed in flight across steps (so across the checkpoint): older tokens were trained. The
         # engine decodes every in-flight action in one batch, so on the toy world's short actions the buffer
         # rarely needs to cut one (aborts are tested in tests/test_engine_partial.py)
         assert max(h["lag_max"] for h in ref["history"]) > 0
-    clock = ("rollout_s", "step_s", "samples_per_s")
-    strip = lambda hist: [{k: v for k, v in h.items() if k not in clock} for h in hist]  # noqa: E731
+    strip = lambda hist: [{k: v for k, v in h.items() if k not in WALL_CLOCK} for h in hist]  # noqa: E731
     # bit for bit: both processes train on cfg.threads torch threads, the same kernels on the same data
     assert strip(resumed["history"]) == strip(ref["history"])
     assert resumed["rl_eval"] == ref["rl_eval"] and resumed["sft_eval"] == ref["sft_eval"]

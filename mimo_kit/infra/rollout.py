@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from mimo_kit.infra.engine import GenerationOutput, GenerationRequest, resume_request
+from mimo_kit.infra.timeline import span
 from mimo_kit.rl.trajectory import Context, Sample, Segment
 from mimo_kit.rl.trajectory import Sequence as Trajectory
 
@@ -137,9 +138,10 @@ class Rollout:
 
 
 def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[[], None] | None):
-    if on_step is not None and "on_step" in inspect.signature(engine.generate).parameters:
-        return engine.generate(requests, on_step=on_step)
-    return engine.generate(requests)
+    with span("generate"):
+        if on_step is not None and "on_step" in inspect.signature(engine.generate).parameters:
+            return engine.generate(requests, on_step=on_step)
+        return engine.generate(requests)
 
 
 def _act_one(r: Rollout, action: list[int], finish_reason: str) -> Any:
@@ -245,7 +247,8 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
                     seg.routed_experts = out.routed_experts[off:off + len(seg)]
                 off += len(seg)
         acting.append((r, ids, lps, versions, cands, routed, out.finish_reason))
-    turns = _act(acting, settings.act_workers)
+    with span("tools"):
+        turns = _act(acting, settings.act_workers)
     for (r, ids, lps, versions, cands, routed, _), turn in zip(acting, turns):
         if not isinstance(turn, Turn):
             raise TypeError(f"rollout {r.request_id}: episode.act returned {type(turn).__name__}, expected Turn")
@@ -271,6 +274,14 @@ def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:
     """Call ``outcome()`` once for every finished rollout not graded yet (``workers`` > 1: in threads, for
     environments whose grading waits on a sandbox process). Returns how many were graded."""
     todo = [r for r in rollouts if not r.live and r.outcome is None]
+    if not todo:
+        return 0
+    with span("grade"):
+        _grade(todo, workers)
+    return len(todo)
+
+
+def _grade(todo: list[Rollout], workers: int) -> None:
     got: dict[int, Any] = {}
     batches: dict[int, tuple[Any, list[int]]] = {}  # pooled episodes: graded where they live, one call per actor
     for i, r in enumerate(todo):
@@ -293,7 +304,6 @@ def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:
         if not isinstance(o, Outcome):
             raise TypeError(f"rollout {r.request_id}: episode.outcome returned {type(o).__name__}, expected Outcome")
         r.outcome = o
-    return len(todo)
 
 
 def group_sample(group_id: str, rollouts: Sequence[Rollout]) -> Sample:

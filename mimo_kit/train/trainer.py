@@ -38,13 +38,18 @@ Departures from the report, on purpose:
 - one optimiser step per rollout batch by default (``minibatches=1, epochs=1``), so π_old = π_rollout up to
   numerics and the clip acts only on stale tokens; ``minibatches=K`` splits the batch into K mini-batches of whole
   groups, one step each, and the policy moves between them as the report's off-policy updates do;
-- synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts);
+- synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts) or
+  ``async_steps`` (then the engines generate step t+1's batch in a rollout thread while the learner trains on step
+  t: every trained token is one version old, and the new weights reach the engines once that batch is in);
 - rank 0 plays every rollout: on one engine (in process, or one server at ``engine_url``), or with ``engines > 1``
   (or several ``engine_url`` servers) on a :class:`~mimo_kit.infra.service.RolloutService` that places each group
   on an engine, runs one rollout loop per engine in its own thread and re-plays the groups of an engine that
   fails; with ``pool="local"`` or ``"ray"`` the episodes live in a harness pool's hosts (Ray actors, each holding
-  many episodes and their tool threads) and the driver steps their proxies; steps stay synchronous, and payloads
-  reach the learner as objects (the porter runs beside the trainer, chapter 6).
+  many episodes and their tool threads) and the driver steps their proxies; payloads reach the learner as
+  objects (the porter runs beside the trainer, chapter 6).
+
+Rank 0 records a timeline of the run's work (:mod:`mimo_kit.infra.timeline`: generate, tools, grade, train, sync,
+wait, one lane per thread) into ``timeline.jsonl``; chapter 6 draws it.
 
 The run (:func:`run_rl`) reads top to bottom: world → SFT warm start → engine → resume or evaluate → for each
 step: :meth:`TaskStream.gather` (collect, grade, advantages) → :func:`train_step` (loss, update) → weight sync →
@@ -77,6 +82,7 @@ import os
 import random
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +108,7 @@ from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.rollout import RolloutSettings
+from mimo_kit.infra.timeline import Timeline, recording, span
 from mimo_kit.model.moe import load_metrics
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
 from mimo_kit.rl.aggregation import aggregate_loss, token_weights
@@ -194,6 +201,9 @@ class RLConfig(Config):
     qdq_experts: bool = knob(False, "train through QDQ'd experts so training matches MXFP4 rollouts (Report §6.1)")
     staleness: int = knob(0, "0 = synchronous; S > 0 = asynchronous partial rollouts, expire after S versions",
                           min=0)
+    async_steps: bool = knob(False, "Report §6: the engines generate step t+1's batch while the learner trains on "
+                             "step t (rollouts one version old, so the clip acts on every token); off: each step "
+                             "waits for its own rollouts")
     in_flight: int = knob(0, "groups kept in flight by partial rollouts; 0 = twice the batch's prompts", min=0)
     eval_tasks: int = knob(8, "held-out tasks (disjoint seed) for pass@1 before and after RL; the repo world "
                            "plays each in all 7 harnesses", min=0)
@@ -262,6 +272,10 @@ class RLConfig(Config):
             raise ConfigError(f"RLConfig.pool={self.pool!r} with staleness={self.staleness}: partial rollouts keep "
                               "their episodes in the trainer for now (pooled partial rollouts are planned); set "
                               "pool='' or staleness=0")
+        if self.async_steps and self.staleness > 0:
+            raise ConfigError(f"RLConfig.async_steps=true with staleness={self.staleness}: asynchronous steps play "
+                              "whole groups one version ahead; partial rollouts inside them are planned; set "
+                              "staleness=0 or async_steps=false")
         if self.n_engines > 1 and self.staleness > 0:
             raise ConfigError(f"RLConfig.staleness={self.staleness} with {self.n_engines} engines: partial rollouts "
                               "run on one engine for now (asynchronous steps across engines are planned); set "
@@ -808,11 +822,17 @@ def build_rl_optimizer(model, cfg: RLConfig):
 
 
 def sync_weights(engine: InProcessEngine | None, model, version: int, cfg: RLConfig) -> None:
-    """Weights to the engine; with ``rollout_mxfp4`` the engine's experts become their MXFP4 QDQ (Report §6).
+    """The learner's weights to the engine (:func:`push_weights`).
 
     A sharded learner gathers full weights first (a collective: every rank calls this; only rank 0 has an
     engine, ``None`` elsewhere)."""
-    weights = full_state_dict(model)
+    push_weights(engine, full_state_dict(model), version, cfg)
+
+
+def push_weights(engine: InProcessEngine | None, weights: dict[str, torch.Tensor], version: int,
+                 cfg: RLConfig) -> None:
+    """Full weights to the engine (or every engine of a service) as ``version``; with ``rollout_mxfp4`` the
+    engine's experts become their MXFP4 QDQ (Report §6). Nothing on ranks without an engine."""
     if engine is None:
         return
     engine.update_weights(weights, version)
@@ -1026,19 +1046,32 @@ def shared_world(cfg: RLConfig, d: Dist) -> ToyWorld | RepoWorld:
     return world if d.is_main else cfg.make_world()
 
 
+#: the fields of a ``metrics.jsonl`` row that measure wall time: the only ones a resume does not reproduce
+WALL_CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s", "samples_per_s")
+
+
 def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: EntropyClipController,
-             stream: TaskStream, t0: float, t1: float) -> dict:
-    """One line of ``metrics.jsonl``: the step's rollouts, collection counts, training metrics and timings."""
+             stream: TaskStream, clock: dict[str, float]) -> dict:
+    """One line of ``metrics.jsonl``: the step's rollouts, collection counts, training metrics and timings.
+
+    ``clock``: ``rollout_s`` (the batch's collection, wherever it ran), ``wait_s`` (the learner waiting for
+    rollouts), ``train_s``, ``sync_s`` and ``step_s`` (the learner's wall time for the step)."""
     row = {"step": step, **rollout_metrics(got.drawn), **lag, **trained}
     row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
                groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
                recorded_errors=got.findings, entropy_target=controller.target, **(got.sources or {}))
-    n_seq, dt = sum(len(s.sequences) for s in got.drawn), time.perf_counter() - t0
-    # wall-clock fields (rollout_s, step_s, samples_per_s) are the only ones a resume does not reproduce
+    n_seq = sum(len(s.sequences) for s in got.drawn)
     buffer = stream.buffer
-    row.update(rollout_s=t1 - t0, step_s=dt, samples_per_s=n_seq / dt,
+    row.update({k: clock[k] for k in WALL_CLOCK[:-1]}, samples_per_s=n_seq / clock["step_s"],
                expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
     return row
+
+
+def timed_gather(stream: TaskStream) -> tuple[Collected, float]:
+    """One step's batch and the seconds its collection took."""
+    t0 = time.perf_counter()
+    got = stream.gather()
+    return got, time.perf_counter() - t0
 
 
 def progress(steps: range, cfg: RLConfig, d: Dist):
@@ -1070,36 +1103,61 @@ def run_rl(cfg: RLConfig) -> dict:
         sync_weights(engine, model, 0, cfg)
         pool = stack.enter_context(harness_pool(cfg, world, d))  # rank 0's, when cfg.pool names one
         controller, stream = EntropyClipController.from_config(cfg.clip), TaskStream(cfg, world, engine, pool)
-        start, sft_eval = 0, None
+        start, sft_eval, pending = 0, None, None  # pending: (the next step's batch, its seconds), async only
+        timeline = stack.enter_context(recording(Timeline())) if d.is_main else None
         if (ckpt / "trainer.pt").is_file():  # resume: weights, optimiser, every RNG, controller, sampler, Mixer
             _same_run(torch.load(ckpt / "trainer.pt", weights_only=False).get("config", {}), cfg, ckpt)
             c = load_sharded(ckpt, model, opt)
             sync_weights(engine, model, c["step"], cfg)
             stream.load_state_dict(c)
             controller, start, sft_eval, init_router = c["controller"], c["step"], c["sft_eval"], c["init_router"]
+            pending = c.get("pending")  # async: the batch gathered ahead, from the checkpointed version
         elif d.is_main:
             sft_eval = evaluate(engine, cfg, world)
-        if d.is_main:  # the metrics of the steps done so far (none on a fresh start)
+        if d.is_main:  # the metrics of the steps done so far (none on a fresh start); this process's timeline
             lines = metrics.read_text().splitlines()[:start] if metrics.exists() else []
             metrics.write_text("".join(line + "\n" for line in lines))
+            (out / "timeline.jsonl").unlink(missing_ok=True)
+        ahead = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="rollouts")) if cfg.async_steps else None
         for step in progress(range(start, cfg.steps), cfg, d):
             t0 = time.perf_counter()
-            got = stream.gather() if d.is_main else None  # rank 0 plays; the others wait in the broadcast
-            lag = version_lag(got.batch, engine.policy_version) if d.is_main else None
-            t1 = time.perf_counter()
+            clock, nxt = dict.fromkeys(("wait_s", "train_s", "sync_s"), 0.0), None
+            if d.is_main:  # rank 0 plays; the others wait in the broadcast
+                with span("wait", "learner"):  # async: gathered while the learner trained on the last batch
+                    got, clock["rollout_s"] = pending if pending is not None else timed_gather(stream)
+                pending, lag = None, version_lag(got.batch, engine.policy_version)
+                # async: the next batch, generated by the engines' weights (this version) while the learner trains
+                nxt = ahead.submit(timed_gather, stream) if ahead is not None and step + 1 < cfg.steps else None
+            clock["wait_s"] += time.perf_counter() - t0
             batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
-            trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d)
-            sync_weights(engine, model, step + 1, cfg)  # the new weights to the engine, policy version + 1
+            t1 = time.perf_counter()
+            with span("train", "learner"):
+                trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d)
+            t2 = time.perf_counter()
+            with span("sync", "learner"):
+                weights = full_state_dict(model)  # a collective when sharded: every rank gathers
+            clock["sync_s"] = time.perf_counter() - t2
+            if nxt is not None:  # the engines finish the next batch before they take the new weights
+                t3 = time.perf_counter()
+                with span("wait", "learner"):
+                    pending = nxt.result()
+                clock["wait_s"] += time.perf_counter() - t3
+            t4 = time.perf_counter()
+            with span("sync", "learner"):
+                push_weights(engine, weights, step + 1, cfg)  # the new weights to the engine, policy version + 1
+            clock.update(train_s=t2 - t1, sync_s=clock["sync_s"] + time.perf_counter() - t4,
+                         step_s=time.perf_counter() - t0)
             if d.is_main:
-                row = step_row(step + 1, got, lag, trained, controller, stream, t0, t1)
+                row = step_row(step + 1, got, lag, trained, controller, stream, clock)
                 if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
                     save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
                 with metrics.open("a") as f:
                     f.write(json.dumps(row) + "\n")
+                timeline.flush(out / "timeline.jsonl")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_sharded(ckpt, model, opt, {"step": step + 1, "controller": controller, "sft_eval": sft_eval,
                                                 "init_router": init_router, "config": cfg.to_dict(),
-                                                **stream.state_dict()}, is_main=d.is_main)
+                                                "pending": pending, **stream.state_dict()}, is_main=d.is_main)
         final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}
