@@ -105,11 +105,11 @@ def kit_server(tmp_path_factory):
 _SERVER: dict = {}
 
 
-def remote_engine(model, seed=None):
-    """SGLangEngine on ``mimo-kit serve`` holding ``model``'s weights at version 0."""
+def remote_engine(model, seed=None, weight_sync="disk"):
+    """SGLangEngine on ``mimo-kit serve`` holding ``model``'s weights at version 0 (sent the ``weight_sync`` way)."""
     from mimo_kit.infra.sglang import SGLangEngine
 
-    eng = SGLangEngine(_SERVER["url"], seed=seed, timeout=60)
+    eng = SGLangEngine(_SERVER["url"], seed=seed, timeout=60, weight_sync=weight_sync)
     eng.policy_version = 0  # each test starts the served weights over at version 0
     eng.update_weights(model.state_dict(), version=0)  # → POST /update_weights_from_disk, weight_version "0"
     return eng
@@ -119,13 +119,19 @@ def in_process(model, seed=0):
     return InProcessEngine(model, seed=seed)
 
 
+def remote_engine_dist(model, seed=None):
+    """The same, its weights sent over a torch.distributed group (gloo) instead of a folder."""
+    return remote_engine(model, seed, weight_sync="dist")
+
+
 ENGINES = {"kit": (kit_model, in_process), "hf": (hf_model, in_process), "hf-lora": (hf_lora_model, in_process),
-           "serve": (kit_model, remote_engine)}
+           "serve": (kit_model, remote_engine), "serve-dist": (kit_model, remote_engine_dist)}
 
 
-@pytest.fixture(params=[pytest.param(n, marks=pytest.mark.slow) if n == "serve" else n for n in sorted(ENGINES)])
+@pytest.fixture(params=[pytest.param(n, marks=pytest.mark.slow) if n.startswith("serve") else n
+                        for n in sorted(ENGINES)])
 def factory(request):
-    if request.param == "serve":
+    if request.param.startswith("serve"):
         _SERVER["url"] = request.getfixturevalue("kit_server")
     make, engine = ENGINES[request.param]
     return request.param, make, engine
@@ -408,6 +414,50 @@ def test_serve_routed_experts_follow_sglang_layout(kit_server, no_near_ties):
 def remote_engine_at(url, model=None):
     _SERVER["url"] = url
     return remote_engine(model if model is not None else kit_model(0))
+
+
+@pytest.mark.slow
+def test_weight_sync_over_a_group_equals_the_disk_path_and_fails_fast(kit_server, no_near_ties):
+    """SGLang's init_weights_update_group / update_weights_from_distributed against mimo-kit serve (gloo): the
+    server decodes with exactly the weights a folder would give it; a refused update (a name or shape the model
+    lacks) comes back as a ValueError without waiting out the group's timeout, and the next update rebuilds the
+    group; a malformed request is a 400 in SGLang's validation shape."""
+    import requests
+
+    from mimo_kit.infra.sglang import SGLangEngine
+
+    _SERVER["url"] = kit_server
+    disk, dist = remote_engine(kit_model(0)), remote_engine_dist(kit_model(0))
+    for version, seed in ((1, 1), (2, 2)):
+        new = kit_model(seed)
+        # each version to the same server both ways, each followed by the same greedy request
+        outs = []
+        for eng in (disk, dist):
+            eng.update_weights(new.state_dict(), version=version)
+            outs.append(eng.generate([req("g", [1, 2, 3], 6, temperature=0.0)])[0])
+        assert outs[0].token_ids == outs[1].token_ids and outs[1].policy_version == version
+        torch.testing.assert_close(torch.tensor(outs[1].logprobs), torch.tensor(outs[0].logprobs), atol=1e-6, rtol=0)
+        assert dist.last_sync_s > 0
+    t0 = time.monotonic()
+    bad = dict(kit_model(3).state_dict())
+    key = next(iter(bad))
+    bad[key] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match="shape"):
+        dist.update_weights(bad, version=3)
+    with pytest.raises(ValueError, match="not one of its parameters"):
+        dist.update_weights({"nonsense.weight": torch.zeros(2)}, version=3)
+    assert time.monotonic() - t0 < 30  # refused at once, never the group's 600 s timeout
+    dist.update_weights(kit_model(4).state_dict(), version=3)  # a fresh group
+    assert dist.refresh_version() == 3
+    r = requests.post(kit_server + "/update_weights_from_distributed", json={"names": ["a"], "dtypes": []})
+    assert r.status_code == 400 and r.json()["object"] == "error"
+    r = requests.post(kit_server + "/init_weights_update_group", json={"master_address": "127.0.0.1",
+                                                                       "master_port": 1, "rank_offset": 1,
+                                                                       "world_size": 2, "backend": "nccl"})
+    assert r.status_code == 400 and "CUDA" in r.json()["message"]  # a CPU server refuses NCCL at once
+    with pytest.raises(ValueError, match="weight_sync"):
+        SGLangEngine(kit_server, weight_sync="nccl")
+    dist.close()
 
 
 def test_serve_refuses_non_loopback_hosts(capsys):

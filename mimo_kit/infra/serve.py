@@ -4,7 +4,9 @@ The subset :class:`~mimo_kit.infra.sglang.SGLangEngine` uses (Report §6 "Engine
 in ``sgl-project/sglang`` ``python/sglang/srt/entrypoints/http_server.py`` and ``managers/io_struct.py``):
 ``POST /generate``, ``POST /abort_request``, ``POST /update_weights_from_disk``, ``POST /pause_generation``,
 ``POST /continue_generation``, ``GET|POST /flush_cache``, ``GET /health``, ``GET /health_generate``,
-``GET /get_model_info``, ``GET /get_weight_version``, ``GET /get_server_info``. Token-in/token-out only
+``GET /get_model_info``, ``GET /get_weight_version``, ``GET /get_server_info``, and weight sync over a
+torch.distributed group (:mod:`mimo_kit.infra.weight_sync`): ``POST /init_weights_update_group``,
+``POST /update_weights_from_distributed``, ``POST /destroy_weights_update_group``. Token-in/token-out only
 (``input_ids``; no tokenizer, like SGLang's ``--skip-tokenizer-init``).
 
 Server: ``aiohttp.web`` (installed with the kit's dependencies): handlers stay on one event loop, so an
@@ -149,6 +151,7 @@ class KitServer:
         self.cut: set[str] = set()  # rids to abort at the next decode step
         self.running = threading.Event()  # set: not paused
         self.running.set()
+        self.groups: dict[str, Any] = {}  # weight-update process groups by name (mimo_kit.infra.weight_sync)
 
     # -- parsing --------------------------------------------------------------------------------------------
     def parse_generate(self, body: Any) -> tuple[list[_Item], bool]:
@@ -326,23 +329,94 @@ class KitServer:
         if body.get("abort_all_requests"):
             self.abort(None, True)
         with self.lock:
-            old = self.engine.policy_version
-            wv = body.get("weight_version")
-            try:
-                new = old + 1 if wv is None else int(wv)
-            except (TypeError, ValueError):
-                return 400, {"success": False, "message": f"weight_version {wv!r}: mimo-kit serve counts versions "
-                             "as integers", "num_paused_requests": 0}
-            try:
-                state = read_checkpoint_state(body["model_path"])
-                self.engine.policy_version = min(old, new)  # SGLang sets any version; the engine checks order
-                self.engine.update_weights(state, new)
-            except (FileNotFoundError, ValueError, RuntimeError) as e:
-                self.engine.policy_version = old
-                return 400, {"success": False, "message": f"Failed to update weights: {e}", "num_paused_requests": 0}
-            self.model_path = body["model_path"]
+            status, out = self._load(lambda: read_checkpoint_state(body["model_path"]), body.get("weight_version"))
+            if status == 200:
+                self.model_path = body["model_path"]
+        return status, out
+
+    def _load(self, state_of, wv: Any) -> tuple[int, dict[str, Any]]:
+        """Load ``state_of()`` into the engine as version ``wv`` (default: the current one + 1); the lock is held."""
+        old = self.engine.policy_version
+        try:
+            new = old + 1 if wv is None else int(wv)
+        except (TypeError, ValueError):
+            return 400, {"success": False, "message": f"weight_version {wv!r}: mimo-kit serve counts versions as "
+                         "integers", "num_paused_requests": 0}
+        try:
+            state = state_of()
+            self.engine.policy_version = min(old, new)  # SGLang sets any version; the engine checks order
+            self.engine.update_weights(state, new)
+        except (FileNotFoundError, ValueError, RuntimeError) as e:
+            self.engine.policy_version = old
+            return 400, {"success": False, "message": f"Failed to update weights: {e}", "num_paused_requests": 0}
         return 200, {"success": True, "message": f"Succeeded to update model weights. Weight version updated to "
                      f"{new}.", "num_paused_requests": 0}
+
+    # -- weight sync over a torch.distributed group (SGLang's protocol, mimo_kit.infra.weight_sync) ----------
+    def run_init_group(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """``/init_weights_update_group``: join a group as rank ``rank_offset`` (one process, no tensor parallelism);
+        blocks until every member joined."""
+        from mimo_kit.infra.weight_sync import DEFAULT_GROUP, weight_group
+
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be an object (InitWeightsUpdateGroupReqInput)")
+        for key, kind in (("master_address", str), ("master_port", int), ("rank_offset", int), ("world_size", int)):
+            if not isinstance(body.get(key), kind) or isinstance(body.get(key), bool):
+                raise BadRequest(f"{key} ({kind.__name__}) is required")
+        name, backend = body.get("group_name", DEFAULT_GROUP), body.get("backend", "nccl")
+        if name in self.groups:
+            return 400, {"success": False, "message": f"group {name!r} exists already; destroy it first"}
+        try:
+            self.groups[name] = weight_group(body["master_address"], body["master_port"], body["rank_offset"],
+                                             body["world_size"], group_name=name, backend=backend)
+        except (ValueError, RuntimeError, OSError) as e:  # a bad backend or rank, or the learner never came
+            return 400, {"success": False, "message": f"Failed to init group: {e}"}
+        return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    def run_update_distributed(self, body: Any) -> tuple[int, dict[str, Any]]:
+        """``/update_weights_from_distributed``: receive ``names`` (of ``dtypes`` and ``shapes``) from rank 0 of the
+        group in order, then load them as ``weight_version``. Names or shapes the model does not have are refused
+        before anything is received."""
+        from mimo_kit.infra.weight_sync import DEFAULT_GROUP, parse_dtype, receive
+
+        if not isinstance(body, dict):
+            raise BadRequest("the body must be an object (UpdateWeightsFromDistributedReqInput)")
+        names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+        if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)) or not (
+                len(names) == len(dtypes) == len(shapes)):
+            raise BadRequest("names, dtypes and shapes (lists of one length) are required")
+        group = self.groups.get(body.get("group_name", DEFAULT_GROUP))
+        fail = lambda msg: (400, {"success": False, "message": f"Failed to update weights: {msg}"})  # noqa: E731
+        if group is None:
+            return fail(f"no group {body.get('group_name', DEFAULT_GROUP)!r}; call /init_weights_update_group first")
+        own = self.engine.model.state_dict()
+        for n, dt, shape in zip(names, dtypes, shapes):
+            try:
+                parse_dtype(dt)
+            except ValueError as e:
+                return fail(str(e))
+            if n not in own:
+                return fail(f"state dict does not fit the engine's model: {n!r} is not one of its parameters")
+            if list(own[n].shape) != list(shape):
+                return fail(f"state dict does not fit the engine's model: {n!r} has shape {list(own[n].shape)}, "
+                            f"the request says {shape}")
+        if body.get("abort_all_requests"):
+            self.abort(None, True)
+        device = next(self.engine.model.parameters()).device
+        try:
+            got = receive(group, names, dtypes, shapes, device)
+        except RuntimeError as e:  # the learner went away mid-broadcast
+            return fail(f"broadcast failed: {e}")
+        with self.lock:
+            return self._load(lambda: {**own, **got}, body.get("weight_version"))
+
+    def run_destroy_group(self, body: Any) -> tuple[int, dict[str, Any]]:
+        from mimo_kit.infra.weight_sync import DEFAULT_GROUP
+
+        name = (body or {}).get("group_name", DEFAULT_GROUP) if isinstance(body, dict) else DEFAULT_GROUP
+        if self.groups.pop(name, None) is None:
+            return 400, {"success": False, "message": f"no group {name!r}"}
+        return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
 
     # -- control (event loop) --------------------------------------------------------------------------------
     def abort(self, rid: str | None, abort_all: bool) -> None:
@@ -440,16 +514,18 @@ def build_app(server: KitServer):
         server.abort(body.get("rid"), bool(body.get("abort_all", False)))
         return web.Response(status=200)
 
-    async def update_weights(request: web.Request) -> web.Response:
-        body, bad = await parse(request)
-        if bad is not None:
-            return bad
-        try:
-            # not on the generation worker: a decode loop paused in place must not block the update
-            status, out = await asyncio.get_running_loop().run_in_executor(None, server.run_update, body)
-        except BadRequest as e:
-            return validation(str(e))
-        return web.json_response(out, status=status)
+    def weight_route(run):  # a blocking weight call: off the event loop, and off the generation worker (a decode
+        # loop paused in place must not block an update)
+        async def handler(request: web.Request) -> web.Response:
+            body, bad = await parse(request)
+            if bad is not None:
+                return bad
+            try:
+                status, out = await asyncio.get_running_loop().run_in_executor(None, run, body)
+            except BadRequest as e:
+                return validation(str(e))
+            return web.json_response(out, status=status)
+        return handler
 
     async def pause(request: web.Request) -> web.Response:
         body, bad = await parse(request)
@@ -478,8 +554,11 @@ def build_app(server: KitServer):
         web.get("/health", health), web.get("/health_generate", health), web.get("/get_model_info", model_info),
         web.get("/get_weight_version", weight_version), web.get("/get_server_info", server_info),
         web.post("/generate", generate), web.put("/generate", generate), web.post("/abort_request", abort_request),
-        web.post("/update_weights_from_disk", update_weights), web.post("/pause_generation", pause),
+        web.post("/update_weights_from_disk", weight_route(server.run_update)), web.post("/pause_generation", pause),
         web.post("/continue_generation", cont), web.get("/flush_cache", flush_cache),
+        web.post("/init_weights_update_group", weight_route(server.run_init_group)),
+        web.post("/update_weights_from_distributed", weight_route(server.run_update_distributed)),
+        web.post("/destroy_weights_update_group", weight_route(server.run_destroy_group)),
         web.post("/flush_cache", flush_cache)])
     return app
 

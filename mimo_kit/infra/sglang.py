@@ -45,11 +45,15 @@ Differences from :class:`InProcessEngine` a caller should know:
 from __future__ import annotations
 
 import base64
+import contextlib
 import math
 import shutil
 import tempfile
+import threading
+import time
+import uuid
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,12 +152,19 @@ class SGLangEngine:
     ``experts_per_token``: the MoE top-k, to unpack routed experts (default: the server's ``num_experts_per_tok``
     if it reports one, as ``mimo-kit serve`` does). ``weights_dir``: where :meth:`update_weights` writes checkpoints
     the server then reads (must be a path the server sees; default a temporary folder: same machine).
+    ``weight_sync``: how :meth:`update_weights` sends a version: ``"disk"`` (that folder and
+    ``/update_weights_from_disk``) or ``"dist"`` (a torch.distributed group of this client as rank 0 and the
+    server, :mod:`mimo_kit.infra.weight_sync`, built on the first update; the server joins it at
+    ``sync_address``, the learner's address as the server sees it, over ``sync_backend``).
     """
 
     def __init__(self, url: str, *, timeout: float = 600.0, seed: int | None = None,
                  top_logprobs_num: int = DEFAULT_TOP_LOGPROBS, experts_per_token: int | None = None,
                  weights_dir: str | Path | None = None, config_dir: str | Path | None = None,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, weight_sync: str = "disk", sync_address: str = "127.0.0.1",
+                 sync_backend: str = "gloo"):
+        if weight_sync not in ("disk", "dist"):
+            raise ValueError(f"SGLangEngine weight_sync={weight_sync!r}; expected 'disk' or 'dist'")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.seed = seed
@@ -164,8 +175,12 @@ class SGLangEngine:
         self.experts_per_token = experts_per_token or info.get("num_experts_per_tok")  # kit extension
         self.policy_version = _version(info.get("weight_version"))
         self.config_dir = Path(config_dir) if config_dir else (Path(self.model_path) if self.model_path else None)
-        self._tmp = None if weights_dir else tempfile.mkdtemp(prefix="mimo-kit-weights-")
-        self.weights_dir = Path(weights_dir or self._tmp)
+        self.weight_sync, self.sync_address, self.sync_backend = weight_sync, sync_address, sync_backend
+        self._group: Any = None  # the weight-update group, once built (weight_sync="dist")
+        self.group_name = f"mimo-kit-{uuid.uuid4().hex[:12]}"  # this client's own group on the server
+        self.last_sync_s = 0.0  # wall seconds of the last update_weights
+        self._tmp = None if weights_dir or weight_sync == "dist" else tempfile.mkdtemp(prefix="mimo-kit-weights-")
+        self.weights_dir = Path(weights_dir or self._tmp) if (weights_dir or self._tmp) else None  # "disk" only
 
     # ---- HTTP --------------------------------------------------------------------------------------------
     def _call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> requests.Response:
@@ -237,12 +252,21 @@ class SGLangEngine:
         self.policy_version = int(version)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Send ``state_dict`` as ``version`` the way ``weight_sync`` says; :attr:`last_sync_s` its seconds."""
+        if version < self.policy_version:
+            raise ValueError(f"update_weights: version {version} is older than the engine's {self.policy_version}")
+        t0 = time.perf_counter()
+        if self.weight_sync == "dist":
+            self._update_over_group(state_dict, version)
+        else:
+            self._update_through_disk(state_dict, version)
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _update_through_disk(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Write ``state_dict`` as a checkpoint folder (``model.safetensors`` + the server's config files) and
         load it with :meth:`load_weights`. The folder must be readable by the server (``weights_dir``)."""
         from safetensors.torch import save_file
 
-        if version < self.policy_version:
-            raise ValueError(f"update_weights: version {version} is older than the engine's {self.policy_version}")
         folder = self.weights_dir / f"v{int(version)}"
         if folder.exists():
             shutil.rmtree(folder)
@@ -259,7 +283,98 @@ class SGLangEngine:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
+    # ---- weight sync over a torch.distributed group (mimo_kit.infra.weight_sync) ------------------------------
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str = "weight_update_group", backend: str = "nccl") -> None:
+        """``POST /init_weights_update_group``: the server joins the group (it blocks until every member has)."""
+        self._ok("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend})
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], version: int,
+                                        group_name: str = "weight_update_group") -> None:
+        """``POST /update_weights_from_distributed``: the server receives the tensors rank 0 broadcasts, in order,
+        and stamps ``version`` (it answers once they are loaded); a refused update is a ValueError, as through
+        the disk."""
+        self._ok("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(x) for x in shapes],
+            "group_name": group_name, "weight_version": str(int(version)), "flush_cache": True}, error=ValueError)
+        self.policy_version = int(version)
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        self._ok("/destroy_weights_update_group", {"group_name": group_name})
+
+    def _ok(self, path: str, payload: dict[str, Any], error: type[Exception] = SGLangError) -> None:
+        """POST ``payload``; ``error`` unless the answer is 200 with ``success``."""
+        out = self._call("POST", path, payload)
+        body = _body(out)
+        if out.status_code != 200 or not body.get("success", False):
+            raise error(f"POST {self.url + path} → HTTP {out.status_code}: "
+                        f"{body.get('message') or _error_message(out)}")
+
+    def _update_over_group(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Rank 0 of a two-member group (this client, the server), built on the first update; each update is the
+        server's request and this side's broadcasts at once. A server that refuses is not waited out; one that
+        dies mid-broadcast raises :class:`SGLangUnreachable` (a rollout service then takes it out of service)."""
+        from mimo_kit.dist import free_port
+        from mimo_kit.infra.weight_sync import manifest, send, weight_group
+
+        if self._group is None:  # the server joins while this process does
+            port = free_port()
+            self._group = self._together(
+                lambda: self.init_weights_update_group(self.sync_address, port, 1, 2, self.group_name,
+                                                       self.sync_backend),
+                lambda refused: weight_group(self.sync_address, port, 0, 2, group_name=self.group_name,
+                                             backend=self.sync_backend))
+        device = "cuda" if self.sync_backend == "nccl" else "cpu"
+        tensors = [v.detach().to(device).contiguous() for v in state_dict.values()]
+        m = manifest(dict(zip(state_dict, tensors)))
+        try:
+            self._together(lambda: self.update_weights_from_distributed(m["names"], m["dtypes"], m["shapes"], version,
+                                                                        self.group_name),
+                           lambda refused: send(self._group, tensors, abandon=refused))
+        except BaseException:
+            self._group = None  # a refused or broken broadcast leaves the group unusable: the next update rebuilds it
+            with contextlib.suppress(SGLangError):
+                self.destroy_weights_update_group(self.group_name)
+            raise
+
+    @staticmethod
+    def _together(request: Callable[[], None], local: Callable[[Callable[[], bool]], Any]) -> Any:
+        """The server's request and this side of the collective, each in a thread; ``local``'s result once both
+        succeed. The first failure is raised at once: the request's as it is, the collective's as
+        :class:`SGLangUnreachable`. ``local(refused)`` may poll ``refused()`` to stop early."""
+        boxes: dict[str, list] = {"request": [], "local": []}
+
+        def run(key: str, call: Callable[[], Any]) -> None:
+            try:
+                boxes[key].append((True, call()))
+            except BaseException as e:  # noqa: BLE001 - raised in the caller's thread
+                boxes[key].append((False, e))
+
+        refused = lambda: bool(boxes["request"]) and not boxes["request"][0][0]  # noqa: E731
+        for key, call in (("request", request), ("local", lambda: local(refused))):
+            threading.Thread(target=run, args=(key, call), name=f"weight-sync-{key}", daemon=True).start()
+        while not (boxes["request"] and boxes["local"]):
+            if refused():
+                raise boxes["request"][0][1]
+            if boxes["local"] and not boxes["local"][0][0]:
+                e = boxes["local"][0][1]
+                raise SGLangUnreachable(f"weight sync: the collective failed ({type(e).__name__}: {e})") from e
+            time.sleep(0.002)
+        if not boxes["request"][0][0]:
+            raise boxes["request"][0][1]
+        if not boxes["local"][0][0]:
+            e = boxes["local"][0][1]
+            raise SGLangUnreachable(f"weight sync: the collective failed ({type(e).__name__}: {e})") from e
+        return boxes["local"][0][1]
+
     def close(self) -> None:
+        if self._group is not None:  # the server lets go of this client's group
+            self._group = None
+            with contextlib.suppress(SGLangError):
+                self.destroy_weights_update_group(self.group_name)
         if self._tmp:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
