@@ -45,9 +45,11 @@ def server():
     proc.wait(timeout=30)
 
 
-def test_rl_steps_with_the_engine_in_another_process(server, tmp_path):
+@pytest.mark.parametrize("weight_sync", ["disk", "dist"])
+def test_rl_steps_with_the_engine_in_another_process(server, tmp_path, weight_sync):
     cfg = RLConfig.preset("toy", engine_url=server, steps=2, prompts=4, eval_tasks=4, sft={"steps": 30},
-                          checkpoint_every=0, progress=False, dynamic_sampling=False, out_dir=str(tmp_path))
+                          checkpoint_every=0, progress=False, dynamic_sampling=False, out_dir=str(tmp_path),
+                          weight_sync=weight_sync)
     r = run_rl(cfg)
     assert [h["step"] for h in r["history"]] == [1, 2]
     for h in r["history"]:
@@ -55,6 +57,7 @@ def test_rl_steps_with_the_engine_in_another_process(server, tmp_path):
         # trainer's own (what the weight sync through a folder and /update_weights_from_disk has to guarantee)
         assert h["trained_tokens"] > 0 and h["mismatch_abs_dlogp"] < 1e-4
     assert SGLangEngine(server).policy_version == 2  # the version bumped once per step
+    assert all(h["sync_s"] > 0 for h in r["history"])
     n = cfg.eval_tasks * cfg.eval_samples
     for ev in (r["sft_eval"], r["rl_eval"]):  # both evaluations were played through the server, every episode
         assert ev["gen_tokens"] > 0 and ev["turns"] >= 1
@@ -66,6 +69,10 @@ def test_engine_url_is_checked():
         RLConfig.preset("toy", engine_url="127.0.0.1:30000")
     with pytest.raises(ConfigError, match="staleness"):
         RLConfig.preset("toy", engine_url="http://127.0.0.1:1", staleness=1)
+    with pytest.raises(ConfigError, match="weight_sync='dist' without engine_url"):
+        RLConfig.preset("toy", weight_sync="dist")
+    with pytest.raises(ConfigError, match="'nccl'"):
+        RLConfig.preset("toy", engine_url="http://127.0.0.1:1", weight_sync="nccl")
 
 
 def test_a_server_killed_mid_run_loses_no_group(tmp_path):

@@ -220,8 +220,13 @@ class RLConfig(Config):
     fsdp: str = knob("auto", "FSDP2 for the learner: auto = shard when torchrun starts > 1 process; on; off")
     engine_url: str = knob("", "'' = the in-process engine; 'http://127.0.0.1:PORT' = a server speaking SGLang's "
                            "native API (mimo-kit serve --rl-preset ..., or SGLang) that plays the rollouts out of "
-                           "process and gets the weights through /update_weights_from_disk; several URLs, comma-"
+                           "process and gets each version the weight_sync way; several URLs, comma-"
                            "separated, make a RolloutService over those servers")
+    weight_sync: str = knob("disk", "how each version reaches engine_url servers: 'disk' = a folder and "
+                            "/update_weights_from_disk; 'dist' = a torch.distributed group per server (SGLang's "
+                            "/init_weights_update_group + /update_weights_from_distributed; gloo on CPU, NCCL on CUDA)")
+    weight_sync_host: str = knob("127.0.0.1", "the learner's address as the engine servers reach it (weight_sync="
+                                 "'dist'): loopback for servers on this machine; this node's address on a cluster")
     engines: int = knob(1, "rollout engines on rank 0 (Report §6: many engines): > 1 = a RolloutService of that "
                         "many in-process engines, one rollout loop each (several engine_url servers set it)", min=1)
     pool: str = knob("", "where the episodes live (Report §6 harness pool): '' = the trainer's process; 'local' = a "
@@ -266,6 +271,11 @@ class RLConfig(Config):
         if len(self.engine_urls) > 1 and self.engines not in (1, len(self.engine_urls)):
             raise ConfigError(f"RLConfig.engines={self.engines} with {len(self.engine_urls)} engine_url servers: "
                               "the servers are the engines; leave engines=1 or set it to their number")
+        if self.weight_sync not in ("disk", "dist"):
+            raise ConfigError(f"RLConfig.weight_sync={self.weight_sync!r}; expected 'disk' or 'dist'")
+        if self.weight_sync == "dist" and not self.engine_urls:
+            raise ConfigError("RLConfig.weight_sync='dist' without engine_url: in-process engines take a copy of "
+                              "the weights; set engine_url to the servers or weight_sync='disk'")
         if self.pool not in ("", "local", "ray"):
             raise ConfigError(f"RLConfig.pool={self.pool!r}; expected '' (episodes in the trainer), 'local' or 'ray'")
         if self.pool and self.staleness > 0:
@@ -858,11 +868,15 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
 
 def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
     """Engine i: the i-th server of ``engine_url``, else an in-process engine sampling from seed ``seed + i``."""
-    if cfg.engine_urls:  # out of process: a SGLang-API server; sync_weights sends every version through a folder
+    if cfg.engine_urls:  # out of process: a SGLang-API server; each version goes through a folder or a group
         from mimo_kit.infra.sglang import SGLangEngine
 
         folder = Path(cfg.out_dir) / "engine_weights" / (f"engine{i}" if cfg.n_engines > 1 else "")
-        return SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder)
+        eng = SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder, weight_sync=cfg.weight_sync,
+                           sync_address=cfg.weight_sync_host, sync_backend="nccl" if d.device.type == "cuda"
+                           else "gloo")
+        eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
+        return eng
     if not uses_fsdp(d, cfg.fsdp):
         return InProcessEngine(model, seed=cfg.seed + i, pad_id=world.pad_id if cfg.student.model else 0)
     full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
