@@ -195,17 +195,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"mimo-kit: error: {e}", file=sys.stderr)
         return 2
-    if sum(x is not None and x is not False for x in (args.model, args.random_kit or None, args.rl_preset)) != 1:
-        print("mimo-kit: error: serve needs exactly one of --model FOLDER, --random-kit and --rl-preset NAME",
-              file=sys.stderr)
+    if sum(x is not None and x is not False
+           for x in (args.model, args.random_kit or None, args.rl_preset, args.rl_config)) != 1:
+        print("mimo-kit: error: serve needs exactly one of --model FOLDER, --random-kit, --rl-preset NAME and "
+              "--rl-config FILE", file=sys.stderr)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.rl_preset:  # the RL policy's shape; the trainer (engine_url=...) sends its weights before rolling out
+    if args.rl_preset or args.rl_config:  # the RL policy's shape; the trainer sends its weights before rolling out
+        from mimo_kit.config.base import ConfigError
         from mimo_kit.train.sft import build_policy
         from mimo_kit.train.trainer import RLConfig
 
-        rl = RLConfig.preset(args.rl_preset)
+        try:
+            rl = RLConfig.preset(args.rl_preset) if args.rl_preset else RLConfig.from_yaml(args.rl_config)
+        except (ConfigError, OSError) as e:
+            print(f"mimo-kit: error: serve: {e}", file=sys.stderr)
+            return 2
         model = build_policy(rl.policy, rl.seed, vocab_size=rl.make_world().vocab_size)
     else:
         model = tiny_kit_model(args.vocab_size, args.seed) if args.random_kit else load_model(args.model)
@@ -289,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--random-kit", action="store_true", help="a tiny random kit decoder instead (tests)")
     sv.add_argument("--rl-preset", help="the RL policy of this RLConfig preset (e.g. toy, tiny), for "
                     "`mimo-kit run rl engine_url=http://127.0.0.1:PORT`: the trainer sends the weights")
+    sv.add_argument("--rl-config", help="the RL policy of this RLConfig YAML (a launch folder's config.yaml), so the "
+                    "server's policy has the run's shape whatever its overrides")
     sv.add_argument("--vocab-size", type=int, default=40, help="vocabulary of --random-kit (default 40)")
     sv.add_argument("--seed", type=int, default=0, help="weights of --random-kit and the sampling stream")
     sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; other addresses need --allow-remote")

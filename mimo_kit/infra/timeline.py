@@ -90,3 +90,32 @@ def span(kind: str, lane: str | None = None) -> Iterator[None]:
 def load(path: str | Path) -> list[dict]:
     """The spans :meth:`Timeline.flush` wrote."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+#: a colour per kind (matplotlib's tab10), so every figure of the kit reads alike
+COLORS = {"generate": "tab:blue", "tools": "tab:orange", "grade": "tab:green", "train": "tab:red",
+          "sync": "tab:purple", "wait": "0.85"}
+
+
+def plot(spans: list[dict], ax=None, *, title: str = "", lanes: list[str] | None = None):
+    """A Gantt chart of ``spans`` (:func:`load`'s dicts): one row per lane (the learner on top), one bar per span
+    coloured by kind. Returns the axes."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 0.5 + 0.45 * len({s["lane"] for s in spans})))
+    order = lanes or sorted({s["lane"] for s in spans}, key=lambda n: (n != "learner", n))
+    for y, lane in enumerate(order):
+        for kind in KINDS:
+            bars = [(s["t0"], s["t1"] - s["t0"]) for s in spans if s["lane"] == lane and s["kind"] == kind]
+            if bars:
+                ax.broken_barh(bars, (y - 0.38, 0.76), facecolors=COLORS[kind])
+    ax.set_yticks(range(len(order)), order)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds")
+    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in KINDS], ncol=len(KINDS), loc="lower center",
+              bbox_to_anchor=(0.5, 1.0), frameon=False, fontsize=8)
+    if title:
+        ax.set_title(title, pad=22)
+    return ax

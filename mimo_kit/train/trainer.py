@@ -946,7 +946,7 @@ def _cached_sft(key: dict, d: Dist) -> dict | None:
 
 #: fields a resumed run may change: they do not alter what the first steps computed
 RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads", "device", "precision",
-             "activation_checkpointing", "fsdp", "collective_timeout_s")
+             "activation_checkpointing", "fsdp", "collective_timeout_s", "weight_sync", "weight_sync_host")
 
 
 def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
@@ -1075,6 +1075,7 @@ def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: En
                groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
                recorded_errors=got.findings, entropy_target=controller.target, **(got.sources or {}))
     n_seq = sum(len(s.sequences) for s in got.drawn)
+    row["engines_alive"] = sum(getattr(stream.engine, "alive", [True]))  # a rollout service's engines in service
     buffer = stream.buffer
     row.update({k: clock[k] for k in WALL_CLOCK[:-1]}, samples_per_s=n_seq / clock["step_s"],
                expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)

@@ -1,0 +1,161 @@
+"""The RL loop synchronous and colocated against asynchronous steps on 1, 2 and 4 engines (Report §6), in one run.
+
+Every side is :func:`~mimo_kit.train.trainer.run_rl` on the repo world (multi-turn harness episodes, sandboxed
+tools, hidden-test grading) from the same SFT policy (trained once, cached), for ``--steps`` steps, without
+evaluation:
+
+- **synchronous, colocated**: today's default loop: one in-process engine plays the step's batch, then the learner
+  trains on it, then the weights are copied in;
+- **asynchronous**: ``async_steps=true``: the engines generate step t+1's batch while the learner trains on step t,
+  with the episodes in a harness pool (``--pool``, default ``local``) and the engines either in process
+  (``engines=E``, one rollout loop per engine in a thread) or ``mimo-kit serve`` processes started here
+  (``engine_url=`` E servers, weights sent over a torch.distributed group, ``weight_sync=dist``).
+
+Measured per side: episodes (sequences drawn) per second and trained tokens per second over the steps' wall time,
+the learner's share of time spent waiting for rollouts, and the mean token lag; sides alternate over ``--repeats``
+rounds so drifts of the machine hit every side alike; each row's ratio is to the synchronous loop's median.
+
+    .venv/bin/python benchmarks/bench_async.py [--steps 4] [--repeats 2] [--servers 2 4] [--pool local]
+
+Writes ``benchmarks/RESULTS_async.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import requests
+
+from mimo_kit.dist import free_port
+from mimo_kit.nb import markdown_table
+from mimo_kit.train.trainer import RLConfig, run_rl
+
+
+def start_servers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
+    """n ``mimo-kit serve --rl-preset tiny`` processes on loopback ports, each on one torch thread."""
+    procs, urls = [], []
+    for _ in range(n):
+        port = free_port()
+        procs.append(subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--rl-preset", "tiny",
+                                       "--port", str(port), "--threads", "1"], stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}))
+        urls.append(f"http://127.0.0.1:{port}")
+    for proc, url in zip(procs, urls):
+        for _ in range(1200):
+            if proc.poll() is not None:
+                raise RuntimeError(f"mimo-kit serve at {url} exited with {proc.returncode}")
+            try:
+                if requests.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise TimeoutError(f"mimo-kit serve at {url} did not come up in 120 s")
+    return procs, urls
+
+
+def one_run(name: str, overrides: dict, steps: int, root: Path) -> dict:
+    """One side's run: its rates over the steps' wall time."""
+    out = root / name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+    cfg = RLConfig().override({"steps": steps, "eval_tasks": 0, "checkpoint_every": 0, "progress": False,
+                               "save_trajectories": False, "out_dir": str(out), **overrides})
+    hist = run_rl(cfg)["history"]
+    wall = sum(h["step_s"] for h in hist)
+    episodes = sum(h["samples_per_s"] * h["step_s"] for h in hist)  # sequences drawn, every step
+    return {"episodes_per_s": episodes / wall, "tokens_per_s": sum(h["trained_tokens"] for h in hist) / wall,
+            "wait_share": sum(h["wait_s"] for h in hist) / wall, "lag": statistics.mean(h["lag_mean"] for h in hist),
+            "train_s": statistics.mean(h["train_s"] for h in hist), "wall": wall}
+
+
+def verdict(rows: list[dict], base_name: str) -> str:
+    """What the table shows, from its own ratios."""
+    best = max(rows[1:], key=lambda r: float(r["× sync episodes/s"]))
+    ratio = float(best["× sync episodes/s"])
+    word = "faster" if ratio >= 1.05 else ("no faster" if ratio > 0.95 else "slower")
+    return (f"The best asynchronous side ({best['side']}) plays {ratio:.2f}× the episodes per second of the "
+            f"{base_name}: {word}. Asynchronous steps hide the learner's update behind the next batch's rollouts "
+            "(the wait column is the learner's idle share); more engines help only while the machine has idle "
+            "cores: on 2 cores the engines' decoding, the sandboxed tools, the grading and the learner all share "
+            "them, so the gain is bounded by how much of the synchronous loop was spent waiting rather than "
+            "computing.")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--engines", type=int, nargs="*", default=[1, 2], help="in-process engine counts (async)")
+    ap.add_argument("--servers", type=int, nargs="*", default=[2, 4], help="mimo-kit serve counts (async)")
+    ap.add_argument("--pool", default="local", choices=["", "local", "ray"])
+    ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_async.md")))
+    args = ap.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="bench-async-"))
+    base_name = "synchronous loop, 1 engine, colocated"
+    sides: dict[str, dict] = {base_name: {}}
+    pool = {"pool": args.pool} if args.pool else {}
+    for e in args.engines:
+        sides[f"async, {e} in-process engine{'s' if e > 1 else ''}"] = {"async_steps": True, "engines": e, **pool}
+    procs: list[subprocess.Popen] = []
+    urls: list[str] = []
+    if args.servers:
+        procs, urls = start_servers(max(args.servers))
+    for n in args.servers:
+        sides[f"async, {n} mimo-kit serve engines"] = {"async_steps": True, "engine_url": ",".join(urls[:n]),
+                                                       "weight_sync": "dist", **pool}
+    try:
+        one_run("warm-up", {}, 1, root)  # the SFT policy trained or loaded into the cache; sandboxes warm
+        runs: dict[str, list[dict]] = {k: [] for k in sides}
+        for r in range(args.repeats):
+            for name, over in sides.items():
+                runs[name].append(one_run(name, over, args.steps, root))
+                print(f"round {r + 1} {name}: {runs[name][-1]['episodes_per_s']:.2f} episodes/s", flush=True)
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+    base = statistics.median(x["episodes_per_s"] for x in runs[base_name])
+    base_tok = statistics.median(x["tokens_per_s"] for x in runs[base_name])
+    rows = []
+    for name, rs in runs.items():
+        eps = [x["episodes_per_s"] for x in rs]
+        tok = statistics.median(x["tokens_per_s"] for x in rs)
+        rows.append({"side": name, "episodes/s (median)": f"{statistics.median(eps):.2f}",
+                     "min–max": f"{min(eps):.2f}–{max(eps):.2f}",
+                     "× sync episodes/s": f"{statistics.median(eps) / base:.2f}",
+                     "trained tokens/s": f"{tok:.0f}", "× sync tokens/s": f"{tok / base_tok:.2f}",
+                     "learner waiting": f"{statistics.mean(x['wait_share'] for x in rs):.0%}",
+                     "train s/step": f"{statistics.mean(x['train_s'] for x in rs):.1f}",
+                     "token lag": f"{statistics.mean(x['lag'] for x in rs):.2f}"})
+    cmd = (f"python benchmarks/bench_async.py --steps {args.steps} --repeats {args.repeats} --engines "
+           f"{' '.join(map(str, args.engines))} --servers {' '.join(map(str, args.servers))} --pool {args.pool!r}")
+    text = "\n".join([
+        "# Asynchronous RL steps: the synchronous colocated loop against 1, 2 and 4 engines",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {len(os.sched_getaffinity(0))} cores; "
+        f"`run_rl` on the repo world (tiny preset: {RLConfig().prompts} prompts × {RLConfig().group_size} "
+        f"episodes a step with dynamic sampling, sandboxed tools, hidden-test grading), {args.steps} steps a run, "
+        f"no evaluation, {args.repeats} alternating rounds; `{cmd}`. Episodes/s counts every sequence drawn "
+        "(over-sampled groups included) over the steps' wall time; trained tokens/s the tokens the learner trained "
+        "on; token lag the mean versions between generation and training.",
+        "",
+        markdown_table(rows),
+        "",
+        verdict(rows, base_name),
+        "",
+    ])
+    Path(args.out).write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
