@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_rl.py
 	$(BIN)/python benchmarks/bench_rollout.py
 	$(BIN)/python benchmarks/bench_service.py
+	$(BIN)/python benchmarks/bench_async.py
 	$(BIN)/python benchmarks/bench_plan.py
 
 lint: $(STAMP)

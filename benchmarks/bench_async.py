@@ -77,10 +77,22 @@ def one_run(name: str, overrides: dict, steps: int, root: Path) -> dict:
 
 
 def verdict(rows: list[dict], base_name: str) -> str:
-    """What the table shows, from its own ratios."""
+    """What the table shows, from its own ratios and the rounds' spread: a side is faster or slower only when its
+    range of rounds clears the synchronous loop's range."""
+    def span(row: dict) -> tuple[float, float]:
+        lo, hi = row["min–max"].split("–")
+        return float(lo), float(hi)
+
+    base_lo, base_hi = span(rows[0])
     best = max(rows[1:], key=lambda r: float(r["× sync episodes/s"]))
     ratio = float(best["× sync episodes/s"])
-    word = "faster" if ratio >= 1.05 else ("no faster" if ratio > 0.95 else "slower")
+    lo, hi = span(best)
+    if lo > base_hi:
+        word = "faster, every round above every synchronous round"
+    elif hi < base_lo:
+        word = "slower, every round below every synchronous round"
+    else:
+        word = "inside the rounds' spread, so no speedup is shown at this scale"
     return (f"The best asynchronous side ({best['side']}) plays {ratio:.2f}× the episodes per second of the "
             f"{base_name}: {word}. Asynchronous steps hide the learner's update behind the next batch's rollouts "
             "(the wait column is the learner's idle share); more engines help only while the machine has idle "

@@ -210,7 +210,7 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
 
     base = {"steps": 3, "prompts": 2, "group_size": 2, "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 0,
             "progress": False, "policy.hidden_size": 32, "refill_rounds": 0, "checkpoint_every": 0, "pool": "ray",
-            "pool_actors": 2, "async_steps": True, "weight_sync": "dist"}
+            "pool_actors": 2, "async_steps": True, "dynamic_sampling": False}
     shape = RLConfig().override(base)
     shape.to_yaml(tmp_path / "policy.yaml")
     procs, urls = [], []
@@ -229,7 +229,7 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
                         break
                 except requests.ConnectionError:
                     time.sleep(0.1)
-        cfg = shape.override({"engine_url": ",".join(urls), "out_dir": str(tmp_path / "two")})
+        cfg = shape.override({"engine_url": ",".join(urls), "weight_sync": "dist", "out_dir": str(tmp_path / "two")})
         two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
         one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
     finally:
@@ -241,4 +241,5 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
     for key in ("trained_tokens", "groups_drawn", "pass_rate"):
         assert two["history"][0][key] == one["history"][0][key], key
     for h in two["history"]:
-        assert h["engines_alive"] == 2 and h["infra_dropped"] == 0 and h["lag_max"] == (1 if h["step"] > 1 else 0)
+        assert h["engines_alive"] == 2 and h["infra_dropped"] == 0 and h["groups_trained"] == 2
+        assert h["lag_max"] == (1 if h["step"] > 1 else 0)

@@ -102,6 +102,7 @@ class Rollout:
     pending_versions: list[int] = dataclasses.field(default_factory=list)  # its tokens' versions (cut 1+ times)
     outcome: Outcome | None = None
     infra_error: str | None = None  # what failed, when the environment ended the run
+    copy: int = 0  # the k-th group of the same task in one batch (k > 0: drawn again; its requests' ids differ)
 
     @classmethod
     def start(cls, episode: Any, group_id: str, index: int) -> Rollout:
@@ -112,7 +113,8 @@ class Rollout:
 
     @property
     def request_id(self) -> str:
-        return f"{self.group_id}/{self.index}"
+        """Unique within a batch (a server refuses a batch with repeated ``rid``s): group, its copy, index."""
+        return f"{self.group_id}#{self.copy}/{self.index}" if self.copy else f"{self.group_id}/{self.index}"
 
     @property
     def live(self) -> bool:
@@ -314,8 +316,17 @@ def group_sample(group_id: str, rollouts: Sequence[Rollout]) -> Sample:
 
 
 def start_groups(groups: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str, list[Rollout]]]:
-    """``[(group_id, episodes), ...]`` → rollouts ready to step."""
-    return [(gid, [Rollout.start(ep, gid, i) for i, ep in enumerate(eps)]) for gid, eps in groups]
+    """``[(group_id, episodes), ...]`` → rollouts ready to step; a task drawn twice in one batch (a draw with
+    replacement) gets copy numbers, so every request id is unique."""
+    seen: dict[str, int] = {}
+    out = []
+    for gid, eps in groups:
+        rs = [Rollout.start(ep, gid, i) for i, ep in enumerate(eps)]
+        for r in rs:
+            r.copy = seen.get(gid, 0)
+        seen[gid] = seen.get(gid, 0) + 1
+        out.append((gid, rs))
+    return out
 
 
 def play(engine: Any, groups: Sequence[tuple[str, Sequence[Any]]], settings: RolloutSettings, *,
