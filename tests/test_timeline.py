@@ -50,3 +50,24 @@ def test_plot_draws_one_row_per_lane_learner_first():
     ax = tl.plot(spans, title="t")
     assert [t.get_text() for t in ax.get_yticklabels()] == ["learner", "rollouts_0"]
     assert len(ax.collections) == 3  # one broken_barh per (lane, kind) that has spans
+
+
+def test_overlap_counts_time_both_sides_ran_at_once_each_side_once():
+    """Against a brute-force count on a fine grid, over random spans on two lanes of one side."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(50):
+        spans = [{"lane": rng.choice(["e0", "e1"]), "kind": "generate", "t0": (a := rng.uniform(0, 10)),
+                  "t1": a + rng.uniform(0, 3)} for _ in range(rng.randint(0, 6))]
+        spans += [{"lane": "learner", "kind": "train", "t0": (a := rng.uniform(0, 10)), "t1": a + rng.uniform(0, 3)}
+                  for _ in range(rng.randint(0, 4))]
+        got = tl.overlap(spans, {"kind": "generate"}, {"kind": "train", "lane": "learner"})
+        step = 1e-3
+        grid = [i * step + step / 2 for i in range(int(14 / step))]
+        def on(t, f, spans=spans):  # noqa: E306
+            return any(s["t0"] <= t < s["t1"] and all(s[k] == v for k, v in f.items()) for s in spans)
+        want = step * sum(on(t, {"kind": "generate"}) and on(t, {"kind": "train"}) for t in grid)
+        assert abs(got - want) < 0.02, (got, want)
+        total = sum(b - a for a, b in tl.union([(s["t0"], s["t1"]) for s in spans if s["kind"] == "train"]))
+        assert got <= total + 1e-9

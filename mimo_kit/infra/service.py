@@ -21,8 +21,9 @@ trainer's rollout side when ``RLConfig.engines > 1`` (or ``engine_url`` lists se
 
 Placement is static (decided from the estimates before any engine starts), so which engine plays which group, and
 with it every engine's sampling stream, does not depend on thread timing: a run with E in-process engines is
-reproducible, and its engines' RNG states are checkpointed. Rollouts are synchronous across a step (the trainer
-waits for the whole batch); asynchronous steps and partial rollouts across engines are planned (``docs/design.md``).
+reproducible, and its engines' RNG states are checkpointed. One ``play`` returns a whole batch; the trainer's
+``async_steps`` calls it from a rollout thread while the learner trains on the previous batch. Partial rollouts
+across engines are planned (``docs/design.md``).
 """
 
 from __future__ import annotations

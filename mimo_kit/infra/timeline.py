@@ -92,6 +92,26 @@ def load(path: str | Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals merged where they overlap, sorted: the time covered by any of them."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def overlap(spans: list[dict], first: dict[str, str], second: dict[str, str]) -> float:
+    """Seconds during which a span matching ``first`` and one matching ``second`` ran at once (each a filter on
+    span fields, e.g. ``{"kind": "train", "lane": "learner"}``); several lanes' spans of one side count once."""
+    def pick(f: dict[str, str]) -> list[tuple[float, float]]:
+        return union([(s["t0"], s["t1"]) for s in spans if all(s.get(k) == v for k, v in f.items())])
+
+    return sum(max(0.0, min(b, d) - max(a, c)) for a, b in pick(first) for c, d in pick(second))
+
+
 #: a colour per kind (matplotlib's tab10), so every figure of the kit reads alike
 COLORS = {"generate": "tab:blue", "tools": "tab:orange", "grade": "tab:green", "train": "tab:red",
           "sync": "tab:purple", "wait": "0.85"}
