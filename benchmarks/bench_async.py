@@ -23,44 +23,17 @@ Writes ``benchmarks/RESULTS_async.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import requests
-
-from mimo_kit.dist import free_port
+from mimo_kit.infra.local_servers import local_servers
 from mimo_kit.nb import markdown_table
 from mimo_kit.train.trainer import RLConfig, run_rl
-
-
-def start_servers(n: int) -> tuple[list[subprocess.Popen], list[str]]:
-    """n ``mimo-kit serve --rl-preset tiny`` processes on loopback ports, each on one torch thread."""
-    procs, urls = [], []
-    for _ in range(n):
-        port = free_port()
-        procs.append(subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--rl-preset", "tiny",
-                                       "--port", str(port), "--threads", "1"], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"}))
-        urls.append(f"http://127.0.0.1:{port}")
-    for proc, url in zip(procs, urls):
-        for _ in range(1200):
-            if proc.poll() is not None:
-                raise RuntimeError(f"mimo-kit serve at {url} exited with {proc.returncode}")
-            try:
-                if requests.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise TimeoutError(f"mimo-kit serve at {url} did not come up in 120 s")
-    return procs, urls
 
 
 def one_run(name: str, overrides: dict, steps: int, root: Path) -> dict:
@@ -117,24 +90,18 @@ def main() -> None:
     pool = {"pool": args.pool} if args.pool else {}
     for e in args.engines:
         sides[f"async, {e} in-process engine{'s' if e > 1 else ''}"] = {"async_steps": True, "engines": e, **pool}
-    procs: list[subprocess.Popen] = []
-    urls: list[str] = []
-    if args.servers:
-        procs, urls = start_servers(max(args.servers))
-    for n in args.servers:
-        sides[f"async, {n} mimo-kit serve engines"] = {"async_steps": True, "engine_url": ",".join(urls[:n]),
-                                                       "weight_sync": "dist", **pool}
-    try:
+    with contextlib.ExitStack() as stack:
+        urls = [s.url for s in stack.enter_context(local_servers(max(args.servers), ["--rl-preset", "tiny"]))
+                ] if args.servers else []
+        for n in args.servers:
+            sides[f"async, {n} mimo-kit serve engines"] = {"async_steps": True, "engine_url": ",".join(urls[:n]),
+                                                           "weight_sync": "dist", **pool}
         one_run("warm-up", {}, 1, root)  # the SFT policy trained or loaded into the cache; sandboxes warm
         runs: dict[str, list[dict]] = {k: [] for k in sides}
         for r in range(args.repeats):
             for name, over in sides.items():
                 runs[name].append(one_run(name, over, args.steps, root))
                 print(f"round {r + 1} {name}: {runs[name][-1]['episodes_per_s']:.2f} episodes/s", flush=True)
-    finally:
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=30)
     base = statistics.median(x["episodes_per_s"] for x in runs[base_name])
     base_tok = statistics.median(x["tokens_per_s"] for x in runs[base_name])
     rows = []

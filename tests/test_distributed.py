@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 import torch
@@ -204,38 +203,18 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
     over a torch.distributed group, the repo world's episodes on a Ray pool, asynchronous steps. At S = 0 the first
     step trains on the SFT weights' rollouts: its loss equals the one-process learner's (same servers, pool and
     rollouts) within 1e-5; every step trains on whole groups drawn on both servers."""
-    import requests
-
-    from mimo_kit.dist import free_port
+    from mimo_kit.infra.local_servers import local_servers
 
     base = {"steps": 3, "prompts": 2, "group_size": 2, "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 0,
             "progress": False, "policy.hidden_size": 32, "refill_rounds": 0, "checkpoint_every": 0, "pool": "ray",
             "pool_actors": 2, "async_steps": True, "dynamic_sampling": False}
     shape = RLConfig().override(base)
     shape.to_yaml(tmp_path / "policy.yaml")
-    procs, urls = [], []
-    try:
-        for _ in range(2):  # the run's policy shape, from its YAML; the trainer sends the weights
-            port = free_port()
-            procs.append(subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--rl-config",
-                                           str(tmp_path / "policy.yaml"), "--port", str(port), "--threads", "1"],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            urls.append(f"http://127.0.0.1:{port}")
-        for proc, url in zip(procs, urls):
-            for _ in range(1200):
-                assert proc.poll() is None, proc.stderr.read()[-2000:]
-                try:
-                    if requests.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except requests.ConnectionError:
-                    time.sleep(0.1)
-        cfg = shape.override({"engine_url": ",".join(urls), "weight_sync": "dist", "out_dir": str(tmp_path / "two")})
+    with local_servers(2, ["--rl-config", str(tmp_path / "policy.yaml")]) as servers:  # the run's policy shape
+        cfg = shape.override({"engine_url": ",".join(s.url for s in servers), "weight_sync": "dist",
+                              "out_dir": str(tmp_path / "two")})
         two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
         one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
-    finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait(timeout=30)
     assert [h["step"] for h in two["history"]] == [1, 2, 3]
     assert close([two["history"][0]["loss"]], [one["history"][0]["loss"]], 1e-5, 1e-7)
     for key in ("trained_tokens", "groups_drawn", "pass_rate"):

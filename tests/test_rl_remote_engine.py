@@ -2,47 +2,23 @@
 SGLang client (`RLConfig.engine_url`), weights sent each step through /update_weights_from_disk."""
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
 from mimo_kit.config.base import ConfigError
-from mimo_kit.dist import free_port
+from mimo_kit.infra.local_servers import local_servers
 from mimo_kit.infra.sglang import SGLangEngine
 from mimo_kit.train.trainer import RLConfig, run_rl
 
 pytestmark = pytest.mark.slow
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--rl-preset", "toy", "--port", str(port),
-                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def wait_up(proc: subprocess.Popen, url: str) -> None:
-    for _ in range(600):
-        try:
-            SGLangEngine(url)
-            return
-        except Exception:
-            if proc.poll() is not None:
-                pytest.fail(f"mimo-kit serve exited: {proc.stderr.read()[-2000:]}")
-            time.sleep(0.1)
-    pytest.fail(f"mimo-kit serve at {url} did not come up in 60 s")
-
-
 @pytest.fixture(scope="module")
 def server():
-    proc, url = start_server()
-    wait_up(proc, url)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with local_servers(1, ["--rl-preset", "toy"]) as (s,):
+        yield s.url
 
 
 @pytest.mark.parametrize("weight_sync", ["disk", "dist"])
@@ -82,11 +58,8 @@ def test_a_server_killed_mid_run_loses_no_group(tmp_path, async_steps, weight_sy
     group): the later steps draw every group they asked for (re-played on the other server, none dropped, none
     twice), the service counts one engine left, and that server rolls out with the trainer's weights of each
     version."""
-    procs = [start_server() for _ in range(2)]
-    try:
-        for proc, url in procs:
-            wait_up(proc, url)
-        cfg = RLConfig.preset("toy", engine_url=",".join(url for _, url in procs), steps=3, prompts=4, eval_tasks=2,
+    with local_servers(2, ["--rl-preset", "toy"]) as servers:
+        cfg = RLConfig.preset("toy", engine_url=",".join(s.url for s in servers), steps=3, prompts=4, eval_tasks=2,
                               sft={"steps": 30}, checkpoint_every=0, progress=False, dynamic_sampling=False,
                               out_dir=str(tmp_path), async_steps=async_steps, weight_sync=weight_sync)
         metrics = tmp_path / "metrics.jsonl"
@@ -94,27 +67,29 @@ def test_a_server_killed_mid_run_loses_no_group(tmp_path, async_steps, weight_sy
         def kill_after_step_one():
             while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
                 time.sleep(0.05)
-            procs[0][0].kill()
+            servers[0].kill()
 
         killer = threading.Thread(target=kill_after_step_one, daemon=True)
         killer.start()
         r = run_rl(cfg)
         killer.join(timeout=5)
-        assert procs[0][0].poll() is not None, "the first server was killed"
-        assert [h["step"] for h in r["history"]] == [1, 2, 3]
-        for h in r["history"]:
-            assert h["groups_drawn"] == cfg.prompts and h["infra_dropped"] == 0
-            # the server's logprobs are the trainer's own for the version that generated them (async: one behind)
-            assert h["trained_tokens"] == 0 or async_steps or h["mismatch_abs_dlogp"] < 1e-4
-            assert h["lag_max"] == (1 if async_steps and h["step"] > 1 else 0)
-        assert r["history"][-1]["engines_alive"] == 1
-        for step in (2, 3):
-            ids = [json.loads(line)["prompt_id"] for line in
-                   (tmp_path / "trajectories" / f"step{step:05d}.jsonl").read_text().splitlines()]
-            assert len(ids) == cfg.prompts == len(set(ids)), ids
-        assert r["rl_eval"]["gen_tokens"] > 0  # the final evaluation, on the server left
-    finally:
-        for proc, _ in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(timeout=30)
+        assert servers[0].proc.poll() is not None, "the first server was killed"
+    assert [h["step"] for h in r["history"]] == [1, 2, 3]
+    for h in r["history"]:
+        assert h["groups_drawn"] == cfg.prompts and h["infra_dropped"] == 0
+        # the server's logprobs are the trainer's own for the version that generated them (async: one behind)
+        assert h["trained_tokens"] == 0 or async_steps or h["mismatch_abs_dlogp"] < 1e-4
+        assert h["lag_max"] == (1 if async_steps and h["step"] > 1 else 0)
+    assert r["history"][-1]["engines_alive"] == 1
+    for step in (2, 3):
+        ids = [json.loads(line)["prompt_id"] for line in
+               (tmp_path / "trajectories" / f"step{step:05d}.jsonl").read_text().splitlines()]
+        assert len(ids) == cfg.prompts == len(set(ids)), ids
+    assert r["rl_eval"]["gen_tokens"] > 0  # the final evaluation, on the server left
+
+
+def test_a_server_that_cannot_start_raises_with_its_log():
+    from mimo_kit.infra.local_servers import start
+
+    with pytest.raises(RuntimeError, match="no-such-preset"):
+        start(["--rl-preset", "no-such-preset"], timeout=60)
