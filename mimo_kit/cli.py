@@ -91,7 +91,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(prep.show())
         return 0
     done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out,
-                  timeout=args.timeout)
+                  timeout=args.timeout, servers=args.servers)
     print(f"result → {Path(done['folder']) / 'result.json'}")
     return 0
 
@@ -244,6 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--config", help="a YAML config file (instead of the preset)")
     la.add_argument("--out", help="run folder (default runs/EXPERIMENT/launch-TIMESTAMP)")
     la.add_argument("--timeout", type=float, default=None, help="seconds before a local run is killed")
+    la.add_argument("--servers", type=int, default=0, help="rl: start this many mimo-kit serve engines on loopback "
+                    "and train with them (engine_url, weight_sync=dist); stopped when the run ends")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.set_defaults(fn=cmd_launch)
 

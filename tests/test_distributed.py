@@ -201,8 +201,9 @@ def test_fsdp_on_in_one_process_equals_off(tmp_path):
 def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
     """The report's system on loopback: 2 learner ranks (FSDP2), 2 `mimo-kit serve` engines taking each version
     over a torch.distributed group, the repo world's episodes on a Ray pool, asynchronous steps. At S = 0 the first
-    step trains on the SFT weights' rollouts: its loss equals the one-process learner's (same servers, pool and
-    rollouts) within 1e-5; every step trains on whole groups drawn on both servers."""
+    step trains on the SFT weights' rollouts: its loss equals the one-process learner's (servers of the same shape,
+    the same pool and rollouts) within 1e-5; every step trains on whole groups drawn on both servers. The two-rank
+    side is `launch(..., servers=2)`, which starts its own servers."""
     from mimo_kit.infra.local_servers import local_servers
 
     base = {"steps": 3, "prompts": 2, "group_size": 2, "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 0,
@@ -210,11 +211,14 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
             "pool_actors": 2, "async_steps": True, "dynamic_sampling": False}
     shape = RLConfig().override(base)
     shape.to_yaml(tmp_path / "policy.yaml")
-    with local_servers(2, ["--rl-config", str(tmp_path / "policy.yaml")]) as servers:  # the run's policy shape
-        cfg = shape.override({"engine_url": ",".join(s.url for s in servers), "weight_sync": "dist",
-                              "out_dir": str(tmp_path / "two")})
-        two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
-        one = run_rl(cfg.override({"out_dir": str(tmp_path / "one")}))
+    # `mimo-kit launch rl --nproc-per-node 2 --servers 2 pool=ray async_steps=true`: launch starts the servers
+    two = launch("rl", shape.override({"out_dir": str(tmp_path / "two")}), nproc_per_node=2, servers=2,
+                 folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
+    assert "weight_sync: dist" in (tmp_path / "job" / "config.yaml").read_text()
+    assert len(list((tmp_path / "job").glob("serve-*.log"))) == 2
+    with local_servers(2, ["--rl-config", str(tmp_path / "policy.yaml")]) as servers:  # the one-process reference
+        one = run_rl(shape.override({"engine_url": ",".join(s.url for s in servers), "weight_sync": "dist",
+                                     "out_dir": str(tmp_path / "one")}))
     assert [h["step"] for h in two["history"]] == [1, 2, 3]
     assert close([two["history"][0]["loss"]], [one["history"][0]["loss"]], 1e-5, 1e-7)
     for key in ("trained_tokens", "groups_drawn", "pass_rate"):

@@ -6,9 +6,6 @@ model through ``/update_weights_from_disk`` (a remote engine holds its own weigh
 """
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mimo_kit.dist import free_port
 from mimo_kit.infra import GenerationRequest, InProcessEngine, RolloutEngine, resume_request, teacher_forced_logprobs
+from mimo_kit.infra.local_servers import local_servers
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 
 V = 40
@@ -65,41 +62,12 @@ def save_kit_checkpoint(model, folder: Path) -> Path:
     return folder
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    import requests
-
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"mimo-kit serve exited with {proc.returncode}: {proc.stdout.read()[-2000:]}")
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"mimo-kit serve at {url} not healthy after {timeout} s")
-
-
 @pytest.fixture(scope="module")
 def kit_server(tmp_path_factory):
     """``mimo-kit serve`` as a real process on a free loopback port, serving a kit-format checkpoint."""
     folder = save_kit_checkpoint(kit_model(0), tmp_path_factory.mktemp("served"))
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "mimo_kit.cli", "serve", "--model", str(folder), "--port",
-                             str(port), "--threads", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    with local_servers(1, ["--model", str(folder)], timeout=60) as (server,):
+        yield server.url
 
 
 _SERVER: dict = {}

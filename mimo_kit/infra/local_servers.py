@@ -51,14 +51,17 @@ class LocalServer:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else ""
 
 
-def start(serve_args: Sequence[str], *, threads: int = 1, timeout: float = START_TIMEOUT_S) -> LocalServer:
-    """``mimo-kit serve <serve_args> --port <free> --threads <threads>`` on 127.0.0.1, once it is healthy."""
+def start(serve_args: Sequence[str], *, threads: int = 1, timeout: float = START_TIMEOUT_S,
+          log_dir: str | Path | None = None) -> LocalServer:
+    """``mimo-kit serve <serve_args> --port <free> --threads <threads>`` on 127.0.0.1, once it is healthy; its
+    output goes to ``log_dir/serve-PORT.log`` (default: a temporary file)."""
     import requests
 
     from mimo_kit.dist import free_port
 
     port = free_port()
-    log = Path(tempfile.mkstemp(prefix=f"mimo-kit-serve-{port}-", suffix=".log")[1])
+    log = (Path(log_dir) / f"serve-{port}.log" if log_dir is not None
+           else Path(tempfile.mkstemp(prefix=f"mimo-kit-serve-{port}-", suffix=".log")[1]))
     cmd = [sys.executable, "-m", "mimo_kit.cli", "serve", *serve_args, "--port", str(port), "--threads", str(threads)]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
@@ -80,15 +83,15 @@ def start(serve_args: Sequence[str], *, threads: int = 1, timeout: float = START
 
 
 @contextlib.contextmanager
-def local_servers(n: int, serve_args: Sequence[str], *, threads: int = 1,
-                  timeout: float = START_TIMEOUT_S) -> Iterator[list[LocalServer]]:
+def local_servers(n: int, serve_args: Sequence[str], *, threads: int = 1, timeout: float = START_TIMEOUT_S,
+                  log_dir: str | Path | None = None) -> Iterator[list[LocalServer]]:
     """``n`` servers started together (each from the same arguments), stopped when the block ends."""
     if n < 1:
         raise ValueError(f"local_servers: n={n}; expected at least one server")
     servers: list[LocalServer] = []
     try:
         for _ in range(n):
-            servers.append(start(serve_args, threads=threads, timeout=timeout))
+            servers.append(start(serve_args, threads=threads, timeout=timeout, log_dir=log_dir))
         yield servers
     finally:
         for s in servers:
