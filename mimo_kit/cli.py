@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
@@ -90,8 +91,20 @@ def cmd_launch(args: argparse.Namespace) -> int:
         prep = prepare(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out)
         print(prep.show())
         return 0
-    done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out,
-                  timeout=args.timeout, servers=args.servers)
+    if args.servers < 0 or (args.servers and exp.name != "rl"):
+        raise ConfigError(f"launch: --servers {args.servers}; expected 0, or a number of engines for the rl "
+                          f"experiment (not {exp.name!r})")
+    folder = Path(args.out or f"runs/{exp.name}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
+    with contextlib.ExitStack() as stack:
+        if args.servers:  # engines of its own on loopback, stopped with the run (Report §6)
+            from mimo_kit.infra.local_servers import serving
+
+            try:
+                cfg = stack.enter_context(serving(cfg, args.servers, folder))
+            except ValueError as err:
+                raise ConfigError(f"launch: {err}") from err
+        done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=folder,
+                      timeout=args.timeout)
     print(f"result → {Path(done['folder']) / 'result.json'}")
     return 0
 

@@ -16,7 +16,8 @@ it, the same run three ways, all reading that one YAML:
 
 :func:`launch` runs the ``torchrun`` form on this machine (``nnodes`` agents on 127.0.0.1, one per simulated
 node), which is what ``mimo-kit launch EXP --nnodes N --nproc-per-node P`` does without ``--dry-run``; for RL,
-``--servers E`` first starts E ``mimo-kit serve`` engines on loopback and trains with them (Report §6).
+``mimo-kit launch rl --servers E`` first starts E ``mimo-kit serve`` engines on loopback
+(:func:`mimo_kit.infra.local_servers.serving`) and trains with them (Report §6).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError
 
@@ -160,48 +160,13 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
 
 
 def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
-           folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
-           servers: int = 0) -> dict:
+           folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False) -> dict:
     """Prepare the run and start it here: ``nnodes`` torchrun agents (simulated nodes) on 127.0.0.1.
 
     Each agent is ``python -m torch.distributed.run`` with the run's torchrun arguments and a c10d rendezvous on a
     free local port; they find each other as separate nodes would. Returns the run's ``result.json`` (written by
     rank 0) with the folder; a failed process raises with its exit codes and the end of its output.
-
-    ``servers`` (RL only): start that many ``mimo-kit serve`` engines on loopback first, each serving the run's
-    policy shape (``--rl-config``), and run with ``engine_url`` set to them and ``weight_sync="dist"`` (each
-    version over a torch.distributed group, Report §6); they stop when the run ends. Their logs go to the folder.
     """
-    import contextlib
-
-    if servers < 0:
-        raise ConfigError(f"launch: servers={servers}; expected 0 (none) or a number of engines to start")
-    if servers:
-        if experiment != "rl":
-            raise ConfigError(f"launch: servers={servers} is for the rl experiment, not {experiment!r}")
-        if getattr(cfg, "engine_url", ""):
-            raise ConfigError(f"launch: servers={servers} with engine_url={cfg.engine_url!r}: the run gets the "
-                              "servers launch starts; drop one of the two")
-    folder = Path(folder or f"runs/{experiment}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
-    with contextlib.ExitStack() as stack:
-        if servers:
-            cfg = _with_servers(cfg, servers, folder, stack)
-        return _launch_here(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder,
-                            timeout=timeout, quiet=quiet)
-
-
-def _with_servers(cfg: Config, n: int, folder: Path, stack: Any) -> Config:
-    """``cfg`` with ``n`` loopback servers started on the stack, serving the policy shape of ``cfg``."""
-    from mimo_kit.infra.local_servers import local_servers
-
-    folder.mkdir(parents=True, exist_ok=True)
-    cfg.to_yaml(folder / "policy.yaml")  # the shape the servers build; the trainer sends the weights
-    started = stack.enter_context(local_servers(n, ["--rl-config", str(folder / "policy.yaml")], log_dir=folder))
-    return cfg.override({"engine_url": ",".join(s.url for s in started), "weight_sync": "dist"})
-
-
-def _launch_here(experiment: str, cfg: Config, *, nnodes: int, nproc_per_node: int, folder: str | Path | None,
-                 timeout: float | None, quiet: bool) -> dict:
     from mimo_kit.dist import free_port
 
     prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder)

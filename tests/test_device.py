@@ -111,14 +111,13 @@ def test_launcher_refuses_what_it_cannot_run(tmp_path, capsys):
     with pytest.raises(ConfigError, match="nproc_per_node=0"):
         torchrun_command("rl", RLConfig(), nproc_per_node=0)
     assert "--nnodes=3" in sbatch_script("rl", "c.yaml", "out", nnodes=3, nproc_per_node=4)
-    from mimo_kit.launch import launch
-
-    with pytest.raises(ConfigError, match="servers=2 is for the rl experiment"):
-        launch("pretrain", PretrainConfig.preset("tiny"), servers=2, folder=tmp_path / "p")
-    with pytest.raises(ConfigError, match="engine_url='http://127.0.0.1:1'"):
-        launch("rl", RLConfig(engine_url="http://127.0.0.1:1"), servers=1, folder=tmp_path / "r")
-    with pytest.raises(ConfigError, match="servers=-1"):
-        launch("rl", RLConfig(), servers=-1, folder=tmp_path / "r")
+    assert cli.main(["launch", "pretrain", "--servers", "2", "--out", str(tmp_path / "p")]) == 2
+    assert "--servers 2" in capsys.readouterr().err
+    assert cli.main(["launch", "rl", "--servers", "-1", "--out", str(tmp_path / "r")]) == 2
+    assert "--servers -1" in capsys.readouterr().err
+    assert cli.main(["launch", "rl", "--servers", "1", "engine_url=http://127.0.0.1:1", "--out",
+                     str(tmp_path / "r")]) == 2
+    assert "engine_url='http://127.0.0.1:1'" in capsys.readouterr().err
 
 
 def test_run_under_torchrun_refuses_one_process_experiments(monkeypatch, capsys, tmp_path):

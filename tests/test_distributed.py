@@ -203,17 +203,17 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
     over a torch.distributed group, the repo world's episodes on a Ray pool, asynchronous steps. At S = 0 the first
     step trains on the SFT weights' rollouts: its loss equals the one-process learner's (servers of the same shape,
     the same pool and rollouts) within 1e-5; every step trains on whole groups drawn on both servers. The two-rank
-    side is `launch(..., servers=2)`, which starts its own servers."""
-    from mimo_kit.infra.local_servers import local_servers
+    side is what `mimo-kit launch rl --servers 2` runs: `serving` starts its own servers."""
+    from mimo_kit.infra.local_servers import local_servers, serving
 
     base = {"steps": 3, "prompts": 2, "group_size": 2, "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 0,
             "progress": False, "policy.hidden_size": 32, "refill_rounds": 0, "checkpoint_every": 0, "pool": "ray",
             "pool_actors": 2, "async_steps": True, "dynamic_sampling": False}
     shape = RLConfig().override(base)
     shape.to_yaml(tmp_path / "policy.yaml")
-    # `mimo-kit launch rl --nproc-per-node 2 --servers 2 pool=ray async_steps=true`: launch starts the servers
-    two = launch("rl", shape.override({"out_dir": str(tmp_path / "two")}), nproc_per_node=2, servers=2,
-                 folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
+    # what `mimo-kit launch rl --nproc-per-node 2 --servers 2 pool=ray async_steps=true` runs
+    with serving(shape.override({"out_dir": str(tmp_path / "two")}), 2, tmp_path / "job") as cfg:
+        two = launch("rl", cfg, nproc_per_node=2, folder=tmp_path / "job", timeout=TIMEOUT, quiet=True)["result"]
     assert "weight_sync: dist" in (tmp_path / "job" / "config.yaml").read_text()
     assert len(list((tmp_path / "job").glob("serve-*.log"))) == 2
     with local_servers(2, ["--rl-config", str(tmp_path / "policy.yaml")]) as servers:  # the one-process reference

@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 #: how long a server may take to load its model and answer /health (a tiny preset: a few seconds on a laptop)
 START_TIMEOUT_S = 120.0
@@ -96,3 +97,21 @@ def local_servers(n: int, serve_args: Sequence[str], *, threads: int = 1, timeou
     finally:
         for s in servers:
             s.stop()
+
+
+@contextlib.contextmanager
+def serving(cfg: Any, n: int, folder: str | Path) -> Iterator[Any]:
+    """An RL run's config with ``n`` servers of its own: ``folder/policy.yaml`` (the run's policy shape, which each
+    ``mimo-kit serve --rl-config`` builds; the trainer sends the weights), the servers' logs in ``folder``, and
+    ``cfg`` with ``engine_url`` set to them and ``weight_sync="dist"`` (each version over a torch.distributed
+    group). The servers stop when the block ends. ``mimo-kit launch rl --servers N`` runs its job inside this."""
+    if n < 1:
+        raise ValueError(f"serving: n={n}; expected at least one server")
+    if getattr(cfg, "engine_url", ""):
+        raise ValueError(f"serving: {n} servers for a config with engine_url={cfg.engine_url!r}: the run gets the "
+                         "servers started here; drop one of the two")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg.to_yaml(folder / "policy.yaml")
+    with local_servers(n, ["--rl-config", str(folder / "policy.yaml")], log_dir=folder) as servers:
+        yield cfg.override({"engine_url": ",".join(s.url for s in servers), "weight_sync": "dist"})
