@@ -138,7 +138,7 @@ def mismatch_metrics(train_logp: torch.Tensor, rollout_logp: torch.Tensor, mask:
     r = d.exp()
     out = {"mean_abs_dlogp": float(d.abs().mean()), "max_abs_dlogp": float(d.abs().max()),
            "tis_clip_frac": float((r > cap).double().mean()), "k3_kl": float(kl_k3(rollout_logp, train_logp)[m].mean())}
-    qs = torch.quantile(r, torch.tensor(quantiles, dtype=torch.float64))
+    qs = torch.quantile(r, torch.tensor(quantiles, dtype=torch.float64, device=r.device))
     out.update({f"ratio_q{round(q * 100):02d}": float(v) for q, v in zip(quantiles, qs)})
     return out
 
