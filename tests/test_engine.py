@@ -246,6 +246,26 @@ def test_abort_and_resume(factory):
         resume_request(cont_req, cont)
 
 
+def test_on_step_runs_while_decoding_and_may_cut_the_batch(factory):
+    """``generate(on_step=...)``: the caller's hook runs while the engine decodes (between decode steps in process,
+    every poll while a server decodes) and may abort; the requests then return what they have, as "abort"
+    (partial rollouts grade and cut this way, Report §4.1)."""
+    name, make, engine = factory
+    eng = engine(make(), seed=2)
+    calls = []
+
+    def on_step():
+        calls.append(time.perf_counter())
+        if len(calls) >= 3:  # the third call on: by then the request is in flight on a server too
+            eng.abort()
+
+    outs = eng.generate([req("a", [1, 2, 3], 400, temperature=1.0), req("b", [4, 5], 400, temperature=1.0)],
+                        on_step=on_step)
+    assert len(calls) >= 3
+    for o in outs:
+        assert o.finish_reason == "abort" and len(o.token_ids) < 400 and len(o.logprobs) == len(o.token_ids)
+
+
 def test_candidates_contain_sampled_token(factory):
     _, make, engine = factory
     model = make()
@@ -451,3 +471,53 @@ def test_ragged_batch_equals_one_request_at_a_time(no_near_ties):
     for b, a in zip(batched, alone):
         assert b.token_ids == a.token_ids
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_partial_rollouts_on_a_server_cut_resume_and_stamp_each_token(kit_server):
+    """Staleness-bounded partial rollouts with the engine out of process (Report §4.1): while the server decodes the
+    long episodes' actions, the buffer grades the short ones; once a group is complete it cuts the actions in
+    flight through /abort_request; after a weight update each cut action resumes by re-prefill under the new
+    version, finishes its token budget, and every token keeps the version that sampled it."""
+    from mimo_kit.infra.partial import PartialRolloutBuffer
+    from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn, advance
+    from mimo_kit.rl.trajectory import Segment
+
+    class Ep:  # an episode of ``turns`` actions: the short groups end after one, the long after three
+        def __init__(self, turns):
+            self.turns, self.n = turns, 0
+
+        def prompt(self):
+            return [Segment("user", [1, 2, 3])]
+
+        def act(self, action, reason):
+            self.n += 1
+            return Turn(observation=Segment("tool", [4]), done=self.n >= self.turns)
+
+        def outcome(self):
+            return Outcome(float(self.n), True)
+
+    drawn = iter(range(100))
+
+    def draw():
+        k = next(drawn)
+        return (f"short-{k}", [Ep(1), Ep(1)]) if k % 2 == 0 else (f"long-{k}", [Ep(3), Ep(3)])
+
+    n_tok = 300
+    settings = RolloutSettings(max_turns=4, max_action_tokens=n_tok, stop_token_ids=(), temperature=1.0)
+    eng = remote_engine_at(kit_server)
+    buf = PartialRolloutBuffer(group_size=2, staleness=2, in_flight=4)
+    batch = buf.collect(eng, 1, draw, settings)
+    assert len(batch) == 1 and batch[0].prompt_id.startswith("short")
+    longs = [r for gid, rs in buf.groups if gid.startswith("long") for r in rs]
+    cut = [r for r in longs if r.pending is not None]
+    assert buf.aborted > 0 and cut  # cut mid-action by the server, tokens kept
+    for r in cut:
+        assert 0 <= len(r.pending[1].token_ids) < n_tok and set(r.pending_versions) <= {0}
+    eng.update_weights(kit_model(1).state_dict(), version=1)
+    advance(eng, longs, settings)  # the cut actions resume: re-prefill of prompt + tokens so far, version 1
+    for r in cut:
+        seg = r.contexts[-1][-2] if r.contexts[-1][-1].role == "tool" else r.contexts[-1][-1]
+        assert seg.role == "assistant" and len(seg.token_ids) == n_tok == len(seg.logprobs)
+        k = seg.policy_versions.index(1) if 1 in seg.policy_versions else n_tok
+        assert seg.policy_versions == [0] * k + [1] * (n_tok - k) and k < n_tok

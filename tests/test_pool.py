@@ -100,6 +100,35 @@ def test_local_porter_round_trip_is_exact():
 
 # ---- on a local Ray head --------------------------------------------------------------------------------------------
 
+
+def test_dist_store_porter_round_trip_through_a_tcp_store():
+    """DistStore: payloads in a torch.distributed TCPStore on loopback (what a learner's ranks share), read back by
+    a second client of the store, only the sequences asked for, and freed."""
+    import socket
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mimo_kit.infra.porter import DistStore
+
+    tasks, engine = make_tasks(2, 6), SeededToyEngine(2, layers=4, k=2)
+    samples = reference(tasks, 3, engine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    host = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
+    manifests = Porter(DistStore(host)).ship(samples)
+    reader = Porter(DistStore(client))
+    assert same(reader.fetch(manifests), samples)
+    part = reader.fetch(manifests, only=[[2], []])  # one rank's share: sequence 2 of group 0
+    assert [len(x.sequences) for x in part] == [1, 0]
+    assert same([type(samples[0])(samples[0].prompt_id, [samples[0].sequences[2]], domain=samples[0].domain,
+                                  metadata=samples[0].metadata)], part[:1])
+    keys = [k for m in manifests for k in m.keys]
+    reader.store.free(keys)
+    assert not any(host.check([k]) for k in keys)
+
 @pytest.fixture(scope="module")
 def ray_head():
     require("ray", "`pip install -e .[ray]`")

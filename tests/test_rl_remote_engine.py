@@ -40,11 +40,27 @@ def test_rl_steps_with_the_engine_in_another_process(server, tmp_path, weight_sy
         assert 0 <= ev["pass_rate"] <= 1 and ev["pass_rate"] * n == pytest.approx(round(ev["pass_rate"] * n))
 
 
+def test_partial_rollouts_on_a_server(server, tmp_path):
+    """Staleness-bounded partial rollouts with the engine out of process (Report §4.1): groups in flight carry over
+    weight updates and no trained token is more than S versions old (the cut through /abort_request and the
+    resume by re-prefill are checked on long actions in tests/test_engine.py; a toy action is decoded before a
+    cut could land)."""
+    s = 2
+    cfg = RLConfig.preset("toy", engine_url=server, steps=4, prompts=4, in_flight=8, staleness=s, eval_tasks=0,
+                          sft={"steps": 30}, checkpoint_every=0, progress=False, dynamic_sampling=False,
+                          out_dir=str(tmp_path))
+    h = run_rl(cfg)["history"]
+    assert [x["step"] for x in h] == [1, 2, 3, 4] and all(x["trained_tokens"] > 0 for x in h)
+    assert all(x["lag_max"] <= s for x in h)  # the staleness bound
+    assert max(x["lag_max"] for x in h) >= 1  # groups carried across a weight update were trained
+    assert SGLangEngine(server).policy_version >= 4
+
+
 def test_engine_url_is_checked():
     with pytest.raises(ConfigError, match="engine_url"):
         RLConfig.preset("toy", engine_url="127.0.0.1:30000")
-    with pytest.raises(ConfigError, match="staleness"):
-        RLConfig.preset("toy", engine_url="http://127.0.0.1:1", staleness=1)
+    with pytest.raises(ConfigError, match="staleness=1 with 2 engines"):  # partial rollouts on one server only
+        RLConfig.preset("toy", engine_url="http://127.0.0.1:1,http://127.0.0.1:2", staleness=1)
     with pytest.raises(ConfigError, match="weight_sync='dist' without engine_url"):
         RLConfig.preset("toy", weight_sync="dist")
     with pytest.raises(ConfigError, match="'nccl'"):

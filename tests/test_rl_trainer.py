@@ -278,6 +278,65 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
     assert len(two) == split
 
 
+@pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean", "prompt-mean"])
+def test_each_rank_fetches_only_its_rows_and_builds_the_rows_of_the_whole_batch(sft_file, loss_agg):
+    """The learner trains from porter manifests (Report §6): for every world size and rank, the mini-batch built from
+    the manifests (fetching only the payloads of the rank's own rows) equals the whole batch flattened, weighed
+    (token_weights) and sliced to that rank's rows; a sequence with two contexts and masked spans included."""
+    import copy
+
+    from mimo_kit.dist import Dist
+    from mimo_kit.infra.porter import LocalStore, Porter
+    from mimo_kit.rl.aggregation import token_weights
+    from mimo_kit.rl.compose import token_advantages
+    from mimo_kit.rl.trajectory import Context, Segment, flatten
+    from mimo_kit.train import trainer
+
+    _, samples = _played(sft_file, n_tasks=3, group=3)
+    q = samples[1].sequences[2]  # two contexts: the second replays the prompt
+    q.contexts = [q.contexts[0], Context([Segment("user", list(q.contexts[0].segments[0].token_ids)),
+                                          *copy.deepcopy(q.contexts[0].segments[1:])], "ctx-1")]
+    gen = next(sg for sg in samples[0].sequences[0].contexts[0].segments if sg.trainable and len(sg) > 2)
+    gen.masked_spans, gen.error_spans = [(0, 2)], [(1, len(gen), "e")]  # the penalty's decisions
+    samples[2].sequences[0].passed = False
+    cfg = RLConfig.preset("toy", loss_agg=loss_agg, segment_penalty=True)
+    world = cfg.make_world()
+    advs = [[0.5 - 0.25 * i - 0.1 * g for i in range(len(s.sequences))] for g, s in enumerate(samples)]
+
+    full = flatten(samples, pad_id=world.pad_id)  # the reference: the whole batch, then a rank's rows
+    mask_all = full.loss_mask[:, 1:]
+    w_all = token_weights(mask_all, full.group_ids, loss_agg)
+    seq_adv = torch.tensor([a for a_s in advs for a in a_s])
+    passed = torch.tensor([bool(q.passed) for smp in samples for q in smp.sequences])
+    adv_all = token_advantages(seq_adv[full.seq_ids], full.error_mask, full.loss_mask, passed[full.seq_ids],
+                               cfg.math)[:, 1:]
+    n_rows = full.input_ids.shape[0]
+
+    class Counting(LocalStore):
+        def get(self, keys):
+            self.asked = list(keys)
+            return super().get(keys)
+
+    for world_size in (1, 2, 3, n_rows + 1):  # more ranks than rows: the last rank trains row 0 with weight 0
+        for rank in range(world_size):
+            porter = Porter(Counting())
+            manifests = porter.ship(samples)
+            d = Dist(rank=rank, world_size=world_size)
+            mb = trainer.make_minibatch(manifests, advs, cfg, world, d, porter)
+            rows, live = trainer.rank_rows(n_rows, d)
+            width = mb.batch.input_ids.shape[1]
+            torch.testing.assert_close(mb.batch.input_ids, full.input_ids[rows, :width])
+            assert not full.attention_mask[rows, width:].any()  # only padding was left out
+            torch.testing.assert_close(mb.mask, mask_all[rows, :width - 1] & live)
+            torch.testing.assert_close(mb.adv, adv_all[rows, :width - 1])
+            scale = world_size if live else 0.0
+            torch.testing.assert_close(mb.weights, w_all[rows, :width - 1] * scale, rtol=1e-6, atol=0)
+            torch.testing.assert_close(mb.rollout_lp, full.logprobs[rows, 1:width].float())
+            own = {int(full.seq_ids[r]) for r in rows}
+            keys = [k for m in manifests for k in m.keys]
+            assert sorted(porter.store.asked) == sorted(keys[i] for i in own)  # its own rows' payloads only
+
+
 def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft_file):
     from mimo_kit.train.trainer import penalty_module
 

@@ -97,11 +97,14 @@ class PartialRolloutBuffer:
                 grade(queue)
                 continue
 
-            def on_step(queue: list[Rollout] = queue) -> None:
+            def on_step(queue: list[Rollout] = queue) -> bool:
+                """Grade one finished rollout; cut the actions in flight once the batch is full. True while
+                there is grading left (an engine that polls calls again at once)."""
                 if queue:
                     grade([queue.pop(0)])
-                    if len(self.complete()) >= prompts:
-                        engine.abort()
+                if len(self.complete()) >= prompts:  # again on every later call: a server's request may not
+                    engine.abort()  # have been in flight at the first (its abort cuts only requests it holds)
+                return bool(queue)
 
             advance(engine, flat, settings, on_step=on_step)
             self.ticks += 1

@@ -12,8 +12,10 @@ through the driver makes the driver's memory grow with payload size × rollouts 
   process that produced them (Ray: ``ray.put`` on the rollout worker, an object reference is the key) and fetched
   by whoever trains on them (:meth:`Porter.fetch`, the learner), never copied through the driver.
 
-``LocalStore`` is the same API in one process (a dict; tests and notebooks). :class:`RolloutWorker` is a Ray actor
-that runs the rollout driver and ships its samples through the porter, returning manifests only.
+``LocalStore`` is the same API in one process (a dict; tests and notebooks); ``DistStore`` keeps them in
+torch.distributed's rendezvous store, where every rank of a torchrun learner reads the payloads of its own rows
+(:func:`mimo_kit.train.trainer.make_minibatch`). :class:`RolloutWorker` is a Ray actor that runs the rollout driver
+and ships its samples through the porter, returning manifests only.
 """
 
 from __future__ import annotations
@@ -69,6 +71,37 @@ class RayStore:
         """Nothing to do: Ray frees an object once no reference to it is left (drop the manifests)."""
 
 
+class DistStore:
+    """torch.distributed's key-value store as the object store of a learner's ranks: rank 0 puts a step's
+    payloads (pickled) under keys of its own, each rank gets the ones it trains on, on any node the
+    rendezvous reaches (no shared filesystem). ``store``: a ``torch.distributed.Store``; default: the process
+    group's own (torchrun's rendezvous store)."""
+
+    def __init__(self, store: Any | None = None, prefix: str = "porter") -> None:
+        if store is None:
+            from torch.distributed import distributed_c10d
+
+            store = distributed_c10d._get_default_store()
+        self.store, self.prefix = store, prefix
+        self._ids = itertools.count()
+
+    def put(self, obj: Any) -> str:
+        import pickle
+
+        key = f"{self.prefix}/{next(self._ids)}"
+        self.store.set(key, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+        return key
+
+    def get(self, keys: Sequence[str]) -> list[Any]:
+        import pickle
+
+        return [pickle.loads(self.store.get(k)) for k in keys]
+
+    def free(self, keys: Sequence[str]) -> None:
+        for k in keys:
+            self.store.delete_key(k)
+
+
 # ---- the control plane -----------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class SequenceManifest:
@@ -81,7 +114,8 @@ class SequenceManifest:
     metadata: dict[str, Any]
     context_lengths: list[int]  # tokens per context
     generated_tokens: int  # policy-generated tokens (the loss's tokens)
-    key: Any  # the data key: a LocalStore key or a Ray ObjectRef to the contexts
+    key: Any  # the data key: a LocalStore / DistStore key or a Ray ObjectRef to the contexts
+    context_trained: list[int] = dataclasses.field(default_factory=list)  # the loss's targets per context row
 
 
 @dataclasses.dataclass
@@ -117,18 +151,24 @@ class Porter:
                 gen = sum(len(seg) for c in q.contexts for seg in c.segments if seg.trainable)
                 seqs.append(SequenceManifest(q.sequence_id, q.reward, q.passed, q.finish_reason, dict(q.metadata),
                                              [sum(len(seg) for seg in c.segments) for c in q.contexts], gen,
-                                             self.store.put(q.contexts)))
+                                             self.store.put(q.contexts), [c.trained_tokens() for c in q.contexts]))
             out.append(Manifest(s.prompt_id, s.domain, dict(s.metadata), seqs))
         return out
 
-    def fetch(self, manifests: Sequence[Manifest], free: bool = False) -> list[Sample]:
-        """The learner's side: fetch every payload (one batched get) and rebuild the samples exactly."""
-        keys = [q.key for m in manifests for q in m.sequences]
+    def fetch(self, manifests: Sequence[Manifest], free: bool = False,
+              only: Sequence[Sequence[int]] | None = None) -> list[Sample]:
+        """The learner's side: fetch the payloads (one batched get) and rebuild the samples exactly.
+
+        ``only[i]``: the indices of manifest i's sequences to fetch (a learner rank fetches the sequences of its own
+        rows, Report §6); the rebuilt sample then holds those sequences alone, in manifest order."""
+        picks = [list(range(len(m.sequences))) if only is None else sorted(only[i]) for i, m in enumerate(manifests)]
+        keys = [m.sequences[j].key for m, js in zip(manifests, picks) for j in js]
         payloads = iter(self.store.get(keys))
         out = []
-        for m in manifests:
+        for m, js in zip(manifests, picks):
             seqs = []
-            for q in m.sequences:
+            for j in js:
+                q = m.sequences[j]
                 contexts: list[Context] = next(payloads)
                 seqs.append(Trajectory(contexts, q.sequence_id, reward=q.reward, passed=q.passed,
                                        finish_reason=q.finish_reason, metadata=dict(q.metadata)))

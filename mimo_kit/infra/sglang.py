@@ -54,6 +54,8 @@ import time
 import uuid
 import zlib
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,9 @@ import torch
 
 from mimo_kit.infra.engine import GenerationOutput, GenerationRequest
 
+#: seconds between ``on_step`` calls while a ``/generate`` runs (a toy decode step takes ~10 ms; grading one episode
+#: between calls takes longer, so the poll only bounds how late an abort can be sent)
+ON_STEP_POLL_S = 0.02
 DEFAULT_TOP_LOGPROBS = 20  # top_logprobs_num asked for when candidates are wanted (Report §6.1: < 5 on average)
 
 
@@ -379,8 +384,16 @@ class SGLangEngine:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     # ---- generation --------------------------------------------------------------------------------------
-    def generate(self, requests_: Sequence[GenerationRequest]) -> list[GenerationOutput]:
-        """One batched ``POST /generate``; outputs in request order, stamped with the version at dispatch."""
+    def generate(self, requests_: Sequence[GenerationRequest], on_step: Callable[[], None] | None = None,
+                 poll_s: float = ON_STEP_POLL_S) -> list[GenerationOutput]:
+        """One batched ``POST /generate``; outputs in request order, stamped with the version at dispatch.
+
+        ``on_step``: called every ``poll_s`` seconds while the server decodes (at once again when it returns
+        true: it has more work at hand), as the in-process engine calls it between decode steps; it may do other
+        work meanwhile (grade finished episodes) and call :meth:`abort`,
+        which cuts the requests in flight: they come back with what they generated so far and "abort"
+        (partial rollouts, Report §4.1). The cut lands between the server's decode steps, at a wall-clock moment,
+        so where it falls is not reproducible run to run, as with SGLang."""
         reqs = list(requests_)
         for i, r in enumerate(reqs):
             if not isinstance(r, GenerationRequest):
@@ -398,7 +411,15 @@ class SGLangEngine:
             "top_logprobs_num": self.top_logprobs_num if want_cands else 0,
             "return_routed_experts": any(r.return_routed_experts for r in reqs),
         }
-        data = self._json("POST", "/generate", body)
+        if on_step is None:
+            data = self._json("POST", "/generate", body)
+        else:  # the request on a thread of its own; this thread runs on_step until the answer is in
+            with ThreadPoolExecutor(1, thread_name_prefix="sglang-generate") as ex:
+                fut = ex.submit(self._json, "POST", "/generate", body)
+                while not fut.done():
+                    if not on_step():  # truthy: it has more work at hand, call again at once
+                        futures_wait([fut], timeout=poll_s)
+                data = fut.result()
         if isinstance(data, dict):  # a batch of one may come back unwrapped
             data = [data]
         if len(data) != len(reqs):

@@ -52,16 +52,32 @@ def token_weights(mask: torch.Tensor, group_ids: Any, mode: str) -> torch.Tensor
     """
     m, g = _check(None, mask, group_ids, mode)
     mf = m.float()
-    n_tok = mf.sum(-1)  # [N] |o_i|
+    row, batch = row_divisors(mf.sum(-1), g, mode)
+    return mf / row[:, None] / batch
+
+
+def row_divisors(n_tok: torch.Tensor, group_ids: Any, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(a [N], b)`` with w_{i,t} = m_{i,t} / a_i / b, from the rows' trained-token counts |o_i| alone.
+
+    A rank that holds only some rows of the batch (the learner fetching its own rows' payloads, Report §6) gets its
+    weights from the whole batch's counts without the other rows' tokens:
+
+    token-mean: a_i = Σ_j |o_j|, b = 1;  seq-mean: a_i = |o_i|, b = #rows with |o_i| > 0;
+    prompt-mean: a_i = |o_g(i)|, b = #groups with |o_g| > 0 (every count clamped to ≥ 1).
+    """
+    if mode not in MODES:
+        raise ValueError(f"aggregate_loss: mode={mode!r}; expected one of {MODES}")
+    n_tok = torch.as_tensor(n_tok, dtype=torch.float32)  # [N] |o_i|
+    one = torch.ones(())
     if mode == "token-mean":
-        return mf / mf.sum().clamp(min=1.0)
+        return n_tok.sum().clamp(min=1.0).expand_as(n_tok), one
     if mode == "seq-mean":
-        live = (n_tok > 0).float()
-        return mf / n_tok.clamp(min=1.0)[:, None] / live.sum().clamp(min=1.0)
-    _, inv = torch.unique(g, return_inverse=True)
+        return n_tok.clamp(min=1.0), (n_tok > 0).float().sum().clamp(min=1.0)
+    if group_ids is None:
+        raise ValueError("aggregate_loss: prompt-mean needs group_ids [N]")
+    _, inv = torch.unique(torch.as_tensor(group_ids, dtype=torch.long), return_inverse=True)
     per_group = torch.zeros(int(inv.max()) + 1 if inv.numel() else 0).index_add_(0, inv, n_tok)  # [G] |o_g|
-    live_groups = (per_group > 0).float().sum().clamp(min=1.0)
-    return mf / per_group[inv].clamp(min=1.0)[:, None] / live_groups
+    return per_group[inv].clamp(min=1.0), (per_group > 0).float().sum().clamp(min=1.0)
 
 
 def aggregate_loss(per_token_loss: torch.Tensor, mask: torch.Tensor, group_ids: Any = None,

@@ -85,6 +85,20 @@ class Context:
     def token_ids(self) -> list[int]:
         return [t for s in self.segments for t in s.token_ids]
 
+    def loss_mask(self) -> list[bool]:
+        """Per token: does the loss train on it (a policy-generated token outside the penalty's masked spans)."""
+        out: list[bool] = []
+        for seg in self.segments:
+            m = [seg.trainable] * len(seg)
+            for a, b in seg.masked_spans:
+                m[a:b] = [False] * len(m[a:b])
+            out += m
+        return out
+
+    def trained_tokens(self) -> int:
+        """The loss's targets in this context's row: loss-mask tokens after the first position (Report §6.1)."""
+        return sum(self.loss_mask()[1:])
+
 
 @dataclasses.dataclass
 class Sequence:
@@ -346,6 +360,8 @@ def flatten(samples: list[Sample], pad_id: int = 0) -> TrainBatch:
         for sequence in sample.sequences:
             for ctx in sequence.contexts:
                 group_ids[r], seq_ids[r] = g, seq_index[(g, sequence.sequence_id)]
+                m = ctx.loss_mask()
+                loss_mask[r, :len(m)] = torch.tensor(m, dtype=torch.bool)
                 pos = 0
                 for seg in ctx.segments:
                     n = len(seg)
@@ -356,10 +372,6 @@ def flatten(samples: list[Sample], pad_id: int = 0) -> TrainBatch:
                         logprobs[r, sl] = torch.tensor(seg.logprobs, dtype=torch.float64)
                     if seg.policy_versions is not None:
                         version[r, sl] = torch.tensor(seg.policy_versions, dtype=torch.long)
-                    if seg.trainable:
-                        loss_mask[r, sl] = True
-                        for a, b in seg.masked_spans:
-                            loss_mask[r, pos + a: pos + b] = False
                     for a, b, _ in seg.error_spans:
                         error_mask[r, pos + a: pos + b] = True
                     if seg.routed_experts is not None:

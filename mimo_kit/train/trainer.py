@@ -38,15 +38,18 @@ Departures from the report, on purpose:
 - one optimiser step per rollout batch by default (``minibatches=1, epochs=1``), so π_old = π_rollout up to
   numerics and the clip acts only on stale tokens; ``minibatches=K`` splits the batch into K mini-batches of whole
   groups, one step each, and the policy moves between them as the report's off-policy updates do;
-- synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts) or
+- synchronous rollouts unless ``staleness > 0`` (then :mod:`mimo_kit.infra.partial` runs partial rollouts on the
+  one engine, in process or a server: a server's requests are cut through its abort endpoint) or
   ``async_steps`` (then the engines generate step t+1's batch in a rollout thread while the learner trains on step
   t: every trained token is one version old, and the new weights reach the engines once that batch is in);
 - rank 0 plays every rollout: on one engine (in process, or one server at ``engine_url``), or with ``engines > 1``
   (or several ``engine_url`` servers) on a :class:`~mimo_kit.infra.service.RolloutService` that places each group
   on an engine, runs one rollout loop per engine in its own thread and re-plays the groups of an engine that
   fails; with ``pool="local"`` or ``"ray"`` the episodes live in a harness pool's hosts (Ray actors, each holding
-  many episodes and their tool threads) and the driver steps their proxies; payloads reach the learner as
-  objects (the porter runs beside the trainer, chapter 6).
+  many episodes and their tool threads) and the driver steps their proxies;
+- the learner trains from the batch's porter manifests (:mod:`mimo_kit.infra.porter`): in one process through an
+  in-process store; under torchrun rank 0 puts the payloads into the rendezvous store (``DistStore``), sends every
+  rank the manifests and the advantages, and each rank fetches only the payloads of its own rows.
 
 Rank 0 records a timeline of the run's work (:mod:`mimo_kit.infra.timeline`: generate, tools, grade, train, sync,
 wait, one lane per thread) into ``timeline.jsonl``; chapter 6 draws it.
@@ -62,8 +65,9 @@ with SIGKILL to check).
 
 **Under torchrun** (:mod:`mimo_kit.dist`) the learner shards: every rank holds 1/W of the policy (FSDP2),
 rank 0 alone plays the rollouts with an engine that holds full weights (gathered after each step: the weight-sync
-path, then the version bump), and the batch goes to every rank. Each rank trains on its rows of the batch with the
-whole batch's token weights w (:func:`mimo_kit.rl.aggregation.token_weights`):
+path, then the version bump), and the batch's manifests go to every rank. Each rank trains on its rows of the batch
+with the whole batch's token weights w, computed from the manifests' token counts
+(:func:`mimo_kit.rl.aggregation.row_divisors`, the same w as :func:`~mimo_kit.rl.aggregation.token_weights`):
 
 .. math:: \\mathcal{L} = \\sum_{r} \\sum_{(i,t) \\in r} w_{i,t}\\, \\ell_{i,t}
 
@@ -107,11 +111,12 @@ from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
+from mimo_kit.infra.porter import DistStore, LocalStore, Manifest, Porter
 from mimo_kit.infra.rollout import RolloutSettings
 from mimo_kit.infra.timeline import Timeline, recording, span
 from mimo_kit.model.moe import load_metrics
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
-from mimo_kit.rl.aggregation import aggregate_loss, token_weights
+from mimo_kit.rl.aggregation import aggregate_loss, row_divisors
 from mimo_kit.rl.compose import sequence_advantages, token_advantages
 from mimo_kit.rl.config import (
     ClipConfig,
@@ -260,10 +265,6 @@ class RLConfig(Config):
         if self.engine_url and self.rollout_mxfp4:
             raise ConfigError("RLConfig.rollout_mxfp4 with engine_url: the server owns its weights' precision "
                               "(serve MXFP4 experts on the server side); set rollout_mxfp4=false")
-        if self.engine_url and self.staleness > 0:
-            raise ConfigError("RLConfig.engine_url with staleness > 0: partial rollouts cut generation at a "
-                              "deterministic decode step through the in-process engine's hook; use the in-process "
-                              "engine for them (engine_url='')")
         for url in self.engine_urls:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"RLConfig.engine_url={self.engine_url!r}: {url!r} is not an http(s):// URL; "
@@ -627,22 +628,50 @@ def minibatch_groups(n_groups: int, k: int) -> list[list[int]]:
     return [c.tolist() for c in torch.tensor_split(torch.arange(n_groups), max(1, min(k, n_groups)))]
 
 
-def make_minibatch(samples: list[Sample], advs: list[list[float]], cfg: RLConfig, world: Any, d: Dist) -> MiniBatch:
-    """Flatten a mini-batch's groups, put each sequence's advantage on its rows, weigh its tokens, keep this rank's
-    rows (× W, because FSDP averages the ranks' gradients)."""
-    batch = flatten(samples, pad_id=world.pad_id)
+def make_minibatch(manifests: list[Manifest], advs: list[list[float]], cfg: RLConfig, world: Any, d: Dist,
+                   porter: Porter) -> MiniBatch:
+    """A mini-batch's groups as this rank trains them: its rows (contiguous, :func:`rank_rows`), each sequence's
+    advantage on its rows, the tokens' aggregation weights (× W, because FSDP averages the ranks' gradients).
+
+    Built from the groups' manifests (Report §6 Payload Porter): the row layout and the weights come from the control
+    plane (trained tokens per context, :func:`~mimo_kit.rl.aggregation.row_divisors`), and the rank fetches from the
+    store only the payloads of the sequences its rows belong to.
+    """
+    # control plane: every row of the mini-batch (one per context), its group, sequence and trained tokens
+    row_seq, row_group, row_tok, where = [], [], [], []  # where: (manifest, sequence) of each global sequence
+    for g, m in enumerate(manifests):
+        for j, q in enumerate(m.sequences):
+            for n in q.context_trained:
+                row_seq.append(len(where))
+                row_group.append(g)
+                row_tok.append(n)
+            where.append((g, j))
+    n_rows = len(row_seq)
+    rows, live = rank_rows(n_rows, d) if d.world_size > 1 else (torch.arange(n_rows), True)
+    mine = sorted({row_seq[r] for r in rows.tolist()})  # the global sequences this rank's rows belong to
+    need: dict[int, list[int]] = {}
+    for s_ in mine:
+        need.setdefault(where[s_][0], []).append(where[s_][1])
+    batch = flatten(porter.fetch(manifests, only=[need.get(g, []) for g in range(len(manifests))]),
+                    pad_id=world.pad_id)
+    wanted = set(mine)
+    fetched = {r: i for i, r in enumerate(r for r in range(n_rows) if row_seq[r] in wanted)}  # global → fetched
+    local = torch.tensor([fetched[r] for r in rows.tolist()], dtype=torch.long)
+    batch = slice_rows(batch, local)
     seq_adv = torch.tensor([a for a_s in advs for a in a_s])  # [sequences]
-    adv = seq_adv[batch.seq_ids]  # [rows]: every context row of a sequence carries that sequence's advantage
-    mask = batch.loss_mask[:, 1:]  # [B, T−1]: generated tokens are targets
+    adv = seq_adv[torch.tensor([row_seq[r] for r in rows.tolist()], dtype=torch.long)]  # [rows]
+    mask = batch.loss_mask[:, 1:]  # [rows, T−1]: generated tokens are targets
     if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
-        seq_passed = torch.tensor([bool(q.passed) for smp in samples for q in smp.sequences])
-        adv = token_advantages(adv, batch.error_mask, batch.loss_mask, seq_passed[batch.seq_ids], cfg.math)[:, 1:]
+        passed = torch.tensor([bool(manifests[where[row_seq[r]][0]].sequences[where[row_seq[r]][1]].passed)
+                               for r in rows.tolist()])
+        adv = token_advantages(adv, batch.error_mask, batch.loss_mask, passed, cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
-    w = token_weights(mask, batch.group_ids, cfg.loss_agg)  # [B, T−1]: the mini-batch's aggregation weights
-    if d.world_size > 1:  # this rank's rows
-        rows, live = rank_rows(batch.input_ids.shape[0], d)
-        batch, adv, mask, rollout_lp = slice_rows(batch, rows), adv[rows], mask[rows] & live, rollout_lp[rows]
-        w = w[rows] * (d.world_size if live else 0.0)
+    # w = m / a_i / b over the whole mini-batch's counts, this rank's rows kept
+    a, b = row_divisors(torch.tensor(row_tok, dtype=torch.float32), torch.tensor(row_group), cfg.loss_agg)
+    w = mask.float() / a[rows][:, None] / b  # [rows, T−1]
+    if d.world_size > 1:
+        mask = mask & live
+        w = w * (d.world_size if live else 0.0)
     to = functools.partial(torch.Tensor.to, device=d.device)
     return MiniBatch(batch, to(adv), to(mask), to(rollout_lp), to(w))
 
@@ -658,8 +687,9 @@ def forward(model, mb: MiniBatch, cfg: RLConfig, d: Dist) -> tuple[torch.Tensor,
         return policy_logprobs(model, batch.input_ids, cfg.temperature, routing, cands)
 
 
-def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: EntropyClipController, world: Any, *,
-               prepared: tuple[list, list, list] | None = None, d: Dist | None = None) -> dict:
+def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig, controller: EntropyClipController,
+               world: Any, *, prepared: tuple[list, list, list] | None = None, d: Dist | None = None,
+               porter: Porter | None = None) -> dict:
     """PPO updates on ``samples`` as given (collection already kept the groups with signal): ``epochs`` passes over
     ``minibatches`` mini-batches of whole groups, one optimiser step each (Report §5: the policy moves between the
     updates of one rollout batch, so the ratio to π_old departs from 1 and the clip acts). Returns the step's
@@ -668,9 +698,19 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
     ``world``: the run's world (its pad id; its grader when the advantages are computed here).
     ``prepared``: the (rewards, advantages, logs) of :func:`group_advantages` when the caller already has them.
     ``d``: the learner's process group; every rank gets the same ``samples`` and trains on its rows.
+    ``samples`` may be the groups' porter manifests (with ``porter``, the store that holds their payloads, and
+    ``prepared``): each rank then fetches only its own rows' payloads. Samples are shipped into an in-process
+    store first, so both take one path.
     """
     d = d or Dist(device=next(model.parameters()).device)
+    manifests = [x for x in samples if isinstance(x, Manifest)]
+    if manifests and (len(manifests) != len(samples) or porter is None or prepared is None):
+        raise ValueError("train_step: manifests need the porter that holds their payloads and the prepared "
+                         "advantages (rewards, advantages, logs), and no Sample beside them")
     _, advs, gar_logs = prepared or group_advantages(samples, cfg, world)
+    if not manifests:
+        porter = Porter(LocalStore())
+        samples = porter.ship(samples)
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
                            "updates": 0}
@@ -678,7 +718,7 @@ def train_step(model, opt, samples: list[Sample], cfg: RLConfig, controller: Ent
         return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, ratio_abs_dev=None,
                           ratio_min=None, ratio_max=None, trained_tokens=0, mismatch_abs_dlogp=None,
                           mismatch_k3=None, load_cv=None, load_max_mean=None, load_cold_share=None)
-    parts = [make_minibatch([samples[g] for g in mb], [advs[g] for g in mb], cfg, world, d)
+    parts = [make_minibatch([samples[g] for g in mb], [advs[g] for g in mb], cfg, world, d, porter)
              for mb in minibatch_groups(len(samples), cfg.minibatches)]
     qdq = qat_experts(model) if cfg.qdq_experts else contextlib.nullcontext()
     with qdq, checkpointed_layers(model, cfg.activation_checkpointing):
@@ -1114,6 +1154,7 @@ def run_rl(cfg: RLConfig) -> dict:
             model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in full_state_dict(model).items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
+        porter = Porter(DistStore()) if d.world_size > 1 else None  # payloads in the rendezvous store
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
         sync_weights(engine, model, 0, cfg)
         pool = stack.enter_context(harness_pool(cfg, world, d))  # rank 0's, when cfg.pool names one
@@ -1144,10 +1185,17 @@ def run_rl(cfg: RLConfig) -> dict:
                 # async: the next batch, generated by the engines' weights (this version) while the learner trains
                 nxt = ahead.submit(timed_gather, stream) if ahead is not None and step + 1 < cfg.steps else None
             clock["wait_s"] += time.perf_counter() - t0
-            batch, prepared = d.broadcast_object((got.batch, got.prepared) if d.is_main else None)
+            if d.world_size > 1:  # the control plane to every rank; each fetches its own rows' payloads
+                shipped = porter.ship(got.batch) if d.is_main else None
+                batch, prepared = d.broadcast_object((shipped, got.prepared) if d.is_main else None)
+            else:
+                batch, prepared = got.batch, got.prepared
             t1 = time.perf_counter()
             with span("train", "learner"):
-                trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d)
+                trained = train_step(model, opt, batch, cfg, controller, world, prepared=prepared, d=d,
+                                     porter=porter)
+            if d.world_size > 1 and d.is_main:  # every rank has fetched: the step's losses were all-reduced
+                porter.store.free([k for m in shipped for k in m.keys])
             t2 = time.perf_counter()
             with span("sync", "learner"):
                 weights = full_state_dict(model)  # a collective when sharded: every rank gathers
