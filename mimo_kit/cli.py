@@ -87,13 +87,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from mimo_kit.launch import launch, prepare
 
     exp, cfg = _config(args)
-    if args.dry_run:
-        prep = prepare(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out)
-        print(prep.show())
-        return 0
     if args.servers < 0 or (args.servers and exp.name != "rl"):
         raise ConfigError(f"launch: --servers {args.servers}; expected 0, or a number of engines for the rl "
                           f"experiment (not {exp.name!r})")
+    if args.dry_run:  # the scripts only; sbatch.sh puts the servers on nodes of their own
+        prep = prepare(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out,
+                       servers=args.servers)
+        print(prep.show())
+        return 0
     folder = Path(args.out or f"runs/{exp.name}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
     with contextlib.ExitStack() as stack:
         if args.servers:  # engines of its own on loopback, stopped with the run (Report §6)
@@ -258,7 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--out", help="run folder (default runs/EXPERIMENT/launch-TIMESTAMP)")
     la.add_argument("--timeout", type=float, default=None, help="seconds before a local run is killed")
     la.add_argument("--servers", type=int, default=0, help="rl: start this many mimo-kit serve engines on loopback "
-                    "and train with them (engine_url, weight_sync=dist); stopped when the run ends")
+                    "and train with them (engine_url, weight_sync=dist); stopped when the run ends. With --dry-run: "
+                    "sbatch.sh runs them on nodes of their own")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.set_defaults(fn=cmd_launch)
 

@@ -10,9 +10,10 @@ it, the same run three ways, all reading that one YAML:
   the model with FSDP2 (:mod:`mimo_kit.dist`);
 - ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
   rendezvous on the first node of the allocation;
-- ``ray_job.sh``: ``ray job submit`` of the same entrypoint to a Ray cluster (the head's dashboard address), the
-  route for rollout workers; the kit's rollout workers as Ray actors are planned, so today the job runs the
-  entrypoint as it is.
+- ``ray_job.sh``: ``ray job submit`` of the same entrypoint to a Ray cluster (the head's dashboard address).
+
+With ``servers`` = E (RL, Report §6) ``sbatch.sh`` asks for E more nodes and runs one ``mimo-kit serve`` engine
+on each before the learners start, and ``ray_job.sh`` submits ``mimo-kit launch rl --servers E``.
 
 :func:`launch` runs the ``torchrun`` form on this machine (``nnodes`` agents on 127.0.0.1, one per simulated
 node), which is what ``mimo-kit launch EXP --nnodes N --nproc-per-node P`` does without ``--dry-run``; for RL,
@@ -80,35 +81,84 @@ def torchrun_command(experiment: str, cfg: Config | str | Path, preset: str = "t
     return " ".join(h if "$" in h else shlex.quote(h) for h in head) + " -m mimo_kit.cli " + shlex.join(run)
 
 
+#: seconds a job waits for its engine servers to answer /health before it gives up (loading a large policy)
+SERVER_WAIT_S = 600
+
+
 def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, nnodes: int, nproc_per_node: int,
-                  job_name: str = "mimo-kit", time_limit: str = "24:00:00", port: int = 29500) -> str:
-    """A Slurm batch script: N nodes, one ``torchrun`` agent per node (``srun``), rendezvous on the first node."""
+                  servers: int = 0, server_port: int = 30000, job_name: str = "mimo-kit",
+                  time_limit: str = "24:00:00", port: int = 29500) -> str:
+    """A Slurm batch script: N learner nodes, one ``torchrun`` agent per node (``srun``), rendezvous on the first.
+
+    ``servers`` = E (RL, Report §6: engines on their own nodes): the allocation has E more nodes, each runs one
+    ``mimo-kit serve`` of the run's policy (``--rl-config``, port ``server_port`` + i, its log in the run folder);
+    once every one answers ``/health`` the learners train with them (``engine_url``), each version sent over a
+    torch.distributed group from the node rank 0 runs on (``weight_sync=dist weight_sync_host=auto``). The
+    servers have no authentication: the allocation's network must be private. They stop with the job."""
     _check_shape(nnodes, nproc_per_node)
+    if servers < 0 or (servers and experiment != "rl"):
+        raise ConfigError(f"launch: servers={servers}; expected 0, or a number of engines for the rl experiment "
+                          f"(not {experiment!r})")
     line = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=nnodes,
                             rdzv_endpoint=f"$MASTER_ADDR:{port}", rdzv_id="$SLURM_JOB_ID", out=out, rendezvous=True)
-    return "\n".join([
+    q = shlex.quote
+    lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name}",
-        f"#SBATCH --nodes={nnodes}",
+        f"#SBATCH --nodes={nnodes + servers}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={nproc_per_node}",
         f"#SBATCH --cpus-per-task={8 * nproc_per_node}",
         f"#SBATCH --time={time_limit}",
         f"#SBATCH --output={Path(out) / 'slurm-%j.out'}",
         "set -euo pipefail",
+        'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         "# the rendezvous host: the first node of the allocation",
-        'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        f"srun {line}",
+        "export MASTER_ADDR=${NODES[0]}",
+    ]
+    if not servers:
+        return "\n".join([*lines, f"srun {line}", ""])
+    tries = SERVER_WAIT_S // 5
+    return "\n".join([
+        *lines,
+        f"LEARNERS=$(IFS=,; echo \"${{NODES[*]:0:{nnodes}}}\")",
+        f"# the engine servers: nodes {nnodes}..{nnodes + servers - 1} of the allocation, one mimo-kit serve each",
+        "URLS=()",
+        f"for i in $(seq 0 {servers - 1}); do",
+        f"  node=${{NODES[$(({nnodes} + i))]}}; port=$(({server_port} + i))",
+        "  srun --nodes=1 --ntasks=1 --nodelist=\"$node\" python -m mimo_kit.cli serve "
+        f"--rl-config {q(str(config_yaml))} --host \"$node\" --allow-remote --port \"$port\" "
+        f"> {q(str(Path(out)))}/server-$i.log 2>&1 &",
+        '  URLS+=("http://$node:$port")',
+        "done",
+        "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the servers end with the job script",
+        "healthy() {  # $1: a server's URL",
+        "  python -c \"import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=5)\" \"$1\" "
+        "2>/dev/null",
+        "}",
+        'for u in "${URLS[@]}"; do',
+        f"  for _ in $(seq {tries}); do healthy \"$u\" && break; sleep 5; done",
+        f'  healthy "$u" || {{ echo "engine server $u is not healthy after {SERVER_WAIT_S} s" >&2; exit 1; }}',
+        "done",
+        f'srun --nodes={nnodes} --ntasks={nnodes} --nodelist="$LEARNERS" {line} '
+        'engine_url="$(IFS=,; echo "${URLS[*]}")" weight_sync=dist weight_sync_host=auto',
         "",
     ])
 
 
 def ray_job_command(experiment: str, config_yaml: str | Path, out: str | Path, *, nproc_per_node: int = 1,
-                    address: str = "http://$RAY_HEAD:8265") -> str:
-    """``ray job submit`` of the run's entrypoint to a Ray cluster (the head's dashboard at ``address``)."""
-    entry = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=1, out=out)
+                    address: str = "http://$RAY_HEAD:8265", servers: int = 0) -> str:
+    """``ray job submit`` of the run's entrypoint to a Ray cluster (the head's dashboard at ``address``).
+
+    ``servers`` = E (RL): the entrypoint is ``mimo-kit launch rl --servers E``, which starts the E engine servers
+    beside the learner on the job's node (a GPU each) and stops them after the run."""
+    if servers:
+        entry = shlex.join(["python", "-m", "mimo_kit.cli", "launch", experiment, "--config", str(config_yaml),
+                            "--nproc-per-node", str(nproc_per_node), "--servers", str(servers), "--out", str(out)])
+    else:
+        entry = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=1, out=out)
     return (f"ray job submit --address {address} --working-dir . "
-            f"--entrypoint-num-gpus {nproc_per_node} -- {entry}")
+            f"--entrypoint-num-gpus {nproc_per_node + servers} -- {entry}")
 
 
 @dataclasses.dataclass
@@ -130,10 +180,11 @@ class Prepared:
 
 
 def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
-            folder: str | Path | None = None, rdzv_endpoint: str | None = None) -> Prepared:
+            folder: str | Path | None = None, rdzv_endpoint: str | None = None, servers: int = 0) -> Prepared:
     """Write ``config.yaml``, ``torchrun.sh``, ``sbatch.sh`` and ``ray_job.sh`` into the run folder.
 
-    ``folder`` defaults to ``runs/EXPERIMENT/launch-TIMESTAMP``; ``rdzv_endpoint`` to ``$MASTER_ADDR:29500``.
+    ``folder`` defaults to ``runs/EXPERIMENT/launch-TIMESTAMP``; ``rdzv_endpoint`` to ``$MASTER_ADDR:29500``;
+    ``servers``: engine servers of an RL run, on nodes of their own in the Slurm script (:func:`sbatch_script`).
     """
     from mimo_kit import experiments
 
@@ -151,8 +202,8 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
     cfg.to_yaml(yaml_path)
     tr = torchrun_command(experiment, yaml_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
                           rdzv_endpoint=rdzv_endpoint or "$MASTER_ADDR:29500", out=out)
-    sb = sbatch_script(experiment, yaml_path, out, nnodes=nnodes, nproc_per_node=nproc_per_node)
-    rj = ray_job_command(experiment, yaml_path, out, nproc_per_node=nproc_per_node)
+    sb = sbatch_script(experiment, yaml_path, out, nnodes=nnodes, nproc_per_node=nproc_per_node, servers=servers)
+    rj = ray_job_command(experiment, yaml_path, out, nproc_per_node=nproc_per_node, servers=servers)
     (out / "torchrun.sh").write_text(f"#!/bin/bash\n# run on every node (MASTER_ADDR: the first node)\n{tr}\n")
     (out / "sbatch.sh").write_text(sb)
     (out / "ray_job.sh").write_text(f"#!/bin/bash\n# RAY_HEAD: the Ray head node\n{rj}\n")

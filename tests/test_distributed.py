@@ -226,3 +226,51 @@ def test_rl_system_two_ranks_two_servers_ray_pool_equals_one_process(tmp_path):
     for h in two["history"]:
         assert h["engines_alive"] == 2 and h["infra_dropped"] == 0 and h["groups_trained"] == 2
         assert h["lag_max"] == (1 if h["step"] > 1 else 0)
+
+
+def test_the_sbatch_script_starts_servers_on_their_own_nodes_and_trains_with_them(tmp_path):
+    """`mimo-kit launch rl --servers 2 --dry-run`'s Slurm script, run under a stand-in Slurm on this machine (three
+    "nodes", all 127.0.0.1; srun runs its command here; scontrol lists the nodes): two `mimo-kit serve` engines
+    start on the last two nodes, the job waits for their /health, and the learner trains with them, each version
+    over a torch.distributed group from the node torchrun puts rank 0 on (weight_sync_host=auto)."""
+    import os
+    import socket
+
+    from mimo_kit.dist import free_port
+    from mimo_kit.launch import prepare, sbatch_script
+
+    def two_free_ports() -> int:
+        for _ in range(50):
+            p = free_port()
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p + 1))
+                except OSError:
+                    continue
+            return p
+        raise RuntimeError("no two consecutive free ports")
+
+    cfg = RLConfig.preset("toy", steps=2, prompts=4, eval_tasks=0, sft={"steps": 10}, checkpoint_every=0,
+                          progress=False, dynamic_sampling=False, out_dir=str(tmp_path / "job"))
+    prep = prepare("rl", cfg, folder=tmp_path / "job", servers=2)
+    assert "#SBATCH --nodes=3" in prep.sbatch and prep.sbatch.count("serve --rl-config") == 1
+    script = tmp_path / "job" / "local.sh"  # the same script with ports free on this machine
+    script.write_text(sbatch_script("rl", prep.config, prep.folder, nnodes=1, nproc_per_node=1, servers=2,
+                                    server_port=two_free_ports(), port=free_port()))
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (shims / "scontrol").write_text('#!/bin/bash\nfor n in $SIM_NODES; do echo "$n"; done\n')
+    for f in shims.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shims}:{sys.executable.rsplit('/', 1)[0]}:{os.environ['PATH']}",
+           "SIM_NODES": "127.0.0.1 127.0.0.1 127.0.0.1", "SLURM_JOB_NODELIST": "sim[0-2]",
+           "SLURM_JOB_ID": "7", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "job" / "result.json").read_text())
+    assert [h["step"] for h in result["history"]] == [1, 2]
+    assert all(h["engines_alive"] == 2 and h["trained_tokens"] > 0 for h in result["history"])
+    for i in (0, 1):  # each server served the run's policy and took each version
+        assert "mimo-kit serve: http://127.0.0.1:" in (tmp_path / "job" / f"server-{i}.log").read_text()
+    assert "weight_sync=dist" in prep.sbatch and "weight_sync_host=auto" in prep.sbatch

@@ -178,6 +178,36 @@ def test_ray_pool_hosts_64_concurrent_tenants_and_matches_in_process_play(ray_he
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.xdist_group(RAY_GROUP)
+def test_a_killed_pool_actor_ends_its_tenants_as_infra_errors_and_is_replaced(ray_head):
+    """An actor of the pool dies mid-rollout (SIGKILL-like ``ray.kill``): the tenants it hosted end as
+    ``infra_error`` rollouts at their next turn, the other actor's tenants play on exactly as in process, and a
+    fresh actor takes the dead one's place, so the next groups play in full (Report §6, faults)."""
+    import ray
+
+    tasks, engine = make_tasks(4, 13), SeededToyEngine(9)
+    pool = HarnessPool(2, backend="ray", tool_threads=4)
+    eps = pool.groups([(t.task_id, [ToyBuild(t)] * 4) for t in tasks])  # 16 tenants, 8 per actor
+    victim = pool.hosts[0]
+    lost = {tid for tid, h in pool.placement.items() if h is victim}
+    ray.kill(victim)
+    samples = rollout.play(engine, eps, SETTINGS)
+    ref = {q.sequence_id: q for s in reference(tasks, 4, engine) for q in s.sequences}
+    played = [q for s in samples for q in s.sequences]
+    assert len(played) == 16 and len(lost) == 8
+    for q in played:
+        if q.sequence_id in lost:
+            assert q.finish_reason == "infra_error" and "pool host died" in q.metadata["infra_error"]
+        else:
+            assert q == ref[q.sequence_id]
+    assert pool.replaced == 1 and pool.hosts[0] is not victim and len(pool.stats()) == 2
+    again = make_tasks(2, 14)
+    assert same(pooled(pool, again, 4, engine), reference(again, 4, engine))  # the new actor serves
+    pool.shutdown()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.xdist_group(RAY_GROUP)
 def test_ray_actor_per_rollout_matches(ray_head):
     tasks, engine = make_tasks(1, 12), SeededToyEngine(8)
     apr = ActorPerRollout(backend="ray")

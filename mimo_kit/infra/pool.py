@@ -23,7 +23,9 @@ head) and ``backend="ray"`` hosts are threaded Ray actors (``max_concurrency``).
 baseline the report moved away from: the same API, a fresh one-tenant actor per rollout, killed when it closes.
 
 A tenant that raises (in its builder, ``act`` or ``outcome``) is recorded as failed: its rollout ends as an
-``infra_error`` (the penalty module drops it, Report §6) and the actor's other tenants carry on.
+``infra_error`` (the penalty module drops it, Report §6) and the actor's other tenants carry on. An actor that dies
+(killed, out of memory) takes its tenants with it: each of their rollouts ends as an ``infra_error`` at its next
+call, the other actors' tenants carry on, and the pool starts a fresh actor in its place for the tenants to come.
 """
 
 from __future__ import annotations
@@ -234,6 +236,13 @@ def _ray_host_class(max_concurrency: int):
     return ray.remote(num_cpus=0, max_concurrency=max_concurrency)(TenantHost)
 
 
+@dataclasses.dataclass
+class HostDied:
+    """A call's answer when its host (a Ray actor) is dead: what the tenants' rollouts record as ``infra_error``."""
+
+    message: str
+
+
 class _Hosts:
     """Shared driver side of both pools: placement, one batched call per host, gathering the answers."""
 
@@ -245,14 +254,35 @@ class _Hosts:
         self.backend = backend
         self._serial = 0  # tenant-id suffixes for a group drawn again while it is open (groups())
         self.placement: dict[str, Any] = {}  # tenant id → host (a TenantHost or an actor handle)
+        self.dead: list[Any] = []  # hosts found dead (Ray actors); their tenants' calls answer HostDied
+
+    def _is_dead(self, host: Any) -> bool:
+        return any(host is d for d in self.dead)
 
     def _call(self, calls: list[tuple[Any, str, tuple]]) -> list[Any]:
-        """``[(host, method, args), ...]`` → results, the hosts' calls in flight together (Ray) or in turn."""
+        """``[(host, method, args), ...]`` → results, the hosts' calls in flight together (Ray) or in turn. A dead
+        Ray host's call answers :class:`HostDied` (and the pool replaces the host), never the whole batch."""
         if self.backend == "ray":
             import ray
+            from ray.exceptions import RayActorError
 
-            return ray.get([getattr(h, m).remote(*a) for h, m, a in calls])
+            refs = [None if self._is_dead(h) else getattr(h, m).remote(*a) for h, m, a in calls]
+            out: list[Any] = []
+            for (h, m, _), ref in zip(calls, refs):
+                if ref is None:
+                    out.append(HostDied(f"pool host died before {m}"))
+                    continue
+                try:
+                    out.append(ray.get(ref))
+                except RayActorError as e:
+                    self._host_died(h)
+                    out.append(HostDied(f"pool host died during {m}: {type(e).__name__}"))
+            return out
         return [getattr(h, m)(*a) for h, m, a in calls]
+
+    def _host_died(self, host: Any) -> None:
+        if not self._is_dead(host):
+            self.dead.append(host)
 
     def _by_host(self, tids: Sequence[str]) -> list[tuple[Any, list[int]]]:
         groups: dict[int, tuple[Any, list[int]]] = {}
@@ -271,6 +301,8 @@ class _Hosts:
                               for h, idx in groups])
         out: list[Any] = [None] * len(items)
         for (_, idx), res in zip(groups, results):
+            if isinstance(res, HostDied):  # its tenants' rollouts end as infrastructure errors
+                res = [Turn(done=True, infra_error=res.message)] * len(idx)
             for i, turn in zip(idx, res):
                 out[i] = turn
         return out
@@ -282,6 +314,8 @@ class _Hosts:
         results = self._call([(h, "outcome", ([tids[i] for i in idx], True)) for h, idx in groups])
         out: list[Any] = [None] * len(episodes)
         for (_, idx), res in zip(groups, results):
+            if isinstance(res, HostDied):
+                res = [Outcome(0.0, False, {"infra_error": res.message}) for _ in idx]
             for i, o in zip(idx, res):
                 out[i] = o
         self._closed(tids)
@@ -327,12 +361,21 @@ class HarnessPool(_Hosts):
         super().__init__(backend)
         if n_actors < 1:
             raise ValueError(f"HarnessPool: n_actors={n_actors}; expected >= 1")
+        self._setup, self._tool_threads, self.replaced = setup, tool_threads, 0
         if backend == "ray":
-            cls = _ray_host_class(max_concurrency)
-            self.hosts = [cls.remote(setup, tool_threads) for _ in range(n_actors)]
+            self._cls = _ray_host_class(max_concurrency)
+            self.hosts = [self._cls.remote(setup, tool_threads) for _ in range(n_actors)]
         else:
             self.hosts = [TenantHost(setup, tool_threads) for _ in range(n_actors)]
         self.load = [0] * n_actors  # open tenants per host
+
+    def _host_died(self, host: Any) -> None:
+        """A fresh actor takes the dead one's place for new tenants (the dead one's tenants are lost)."""
+        super()._host_died(host)
+        for j, h in enumerate(self.hosts):
+            if h is host:
+                self.hosts[j], self.load[j] = self._cls.remote(self._setup, self._tool_threads), 0
+                self.replaced += 1
 
     def open(self, specs: Sequence[TenantSpec]) -> list[PooledEpisode]:
         """Place each tenant on the least-loaded host (ties: the lowest index), then open them, one call per host."""
@@ -347,6 +390,8 @@ class HarnessPool(_Hosts):
         results = self._call([(self.hosts[h], "open", ([specs[i] for i in idx],)) for h, idx in by.items()])
         infos: list[Any] = [None] * len(specs)
         for (h, idx), res in zip(by.items(), results):
+            if isinstance(res, HostDied):  # the tenants start failed: their first act ends them as infra errors
+                res = [{"error": res.message}] * len(idx)
             for i, info in zip(idx, res):
                 infos[i] = info
                 self.placement[specs[i].tenant_id] = self.hosts[h]
@@ -355,15 +400,16 @@ class HarnessPool(_Hosts):
     def _closed(self, tids: Sequence[str]) -> None:
         for t in tids:
             h = self.placement.pop(t, None)
-            if h is not None:
-                j = next(j for j, x in enumerate(self.hosts) if x is h)
+            j = next((j for j, x in enumerate(self.hosts) if x is h), None)  # None: a host since replaced
+            if j is not None:
                 self.load[j] -= 1
 
     def stats(self) -> list[dict]:
-        return self._call([(h, "stats", ()) for h in self.hosts])
+        return [s for s in self._call([(h, "stats", ()) for h in self.hosts]) if not isinstance(s, HostDied)]
 
     def errors(self) -> dict[str, str]:
-        return {k: v for d in self._call([(h, "errors", ()) for h in self.hosts]) for k, v in d.items()}
+        return {k: v for d in self._call([(h, "errors", ()) for h in self.hosts]) if not isinstance(d, HostDied)
+                for k, v in d.items()}
 
     @property
     def actors(self) -> int:

@@ -84,6 +84,7 @@ import functools
 import json
 import os
 import random
+import socket
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -231,7 +232,9 @@ class RLConfig(Config):
                             "/update_weights_from_disk; 'dist' = a torch.distributed group per server (SGLang's "
                             "/init_weights_update_group + /update_weights_from_distributed; gloo on CPU, NCCL on CUDA)")
     weight_sync_host: str = knob("127.0.0.1", "the learner's address as the engine servers reach it (weight_sync="
-                                 "'dist'): loopback for servers on this machine; this node's address on a cluster")
+                                 "'dist'): loopback for servers on this machine; this node's address on a cluster, "
+                                 "or 'auto' = the node rank 0 runs on (torchrun's MASTER_ADDR, else this host's "
+                                 "name: a Slurm job's nodes)")
     engines: int = knob(1, "rollout engines on rank 0 (Report §6: many engines): > 1 = a RolloutService of that "
                         "many in-process engines, one rollout loop each (several engine_url servers set it)", min=1)
     pool: str = knob("", "where the episodes live (Report §6 harness pool): '' = the trainer's process; 'local' = a "
@@ -906,6 +909,12 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
     return one_engine(model, cfg, world, d, 0)
 
 
+def sync_host(host: str) -> str:
+    """The learner's address for the weight group: ``host``, or for ``"auto"`` the node rank 0 runs on (torchrun
+    sets ``MASTER_ADDR`` to it for its workers), else this host's name."""
+    return (os.environ.get("MASTER_ADDR") or socket.gethostname()) if host == "auto" else host
+
+
 def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
     """Engine i: the i-th server of ``engine_url``, else an in-process engine sampling from seed ``seed + i``."""
     if cfg.engine_urls:  # out of process: a SGLang-API server; each version goes through a folder or a group
@@ -913,7 +922,7 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
 
         folder = Path(cfg.out_dir) / "engine_weights" / (f"engine{i}" if cfg.n_engines > 1 else "")
         eng = SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder, weight_sync=cfg.weight_sync,
-                           sync_address=cfg.weight_sync_host, sync_backend="nccl" if d.device.type == "cuda"
+                           sync_address=sync_host(cfg.weight_sync_host), sync_backend="nccl" if d.device.type == "cuda"
                            else "gloo")
         eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
         return eng
