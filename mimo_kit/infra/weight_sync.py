@@ -20,7 +20,9 @@ tensor, in an order both sides agree on. The kit speaks that protocol (field nam
 The group is not torch.distributed's default group (a learner under torchrun keeps its own): it is built from its
 own ``TCPStore`` at ``master_address:master_port``, so a learner may hold one group per engine and an engine that
 dies fails only its own sync. Backends: ``gloo`` (CPU tensors; tested here) and ``nccl`` (CUDA tensors, what SGLang
-on GPUs uses).
+on GPUs uses). NCCL needs the learner's rank 0 and each engine on GPUs of their own: on one H200 (NCCL 2.28.9) two
+members on one device fail at the first broadcast with "Duplicate GPU detected"; a learner and a server sharing a
+GPU use ``gloo``.
 """
 
 from __future__ import annotations
