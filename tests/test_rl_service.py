@@ -6,6 +6,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.infra import rollout
@@ -247,3 +249,20 @@ def test_engine_urls_make_one_engine_each():
     cfg = RLConfig.preset("toy", engine_url=" http://127.0.0.1:1, http://127.0.0.1:2 ")
     assert cfg.engine_urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"] and cfg.n_engines == 2
     assert RLConfig.preset("toy", engines=3).n_engines == 3
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=8), st.lists(st.integers(0, 2), max_size=5))
+def test_start_groups_gives_every_request_in_flight_its_own_id(drawn, in_flight):
+    """A task drawn more than once (in one batch, or again beside groups of it in flight) gets the smallest free
+    copy number: the request ids of everything in flight are unique, and a task drawn once keeps the plain id."""
+    ts = tasks(3, seed=9)
+    beside = rollout.start_groups([WORLD.episodes(ts[i], 2) for i in in_flight])
+    started = rollout.start_groups([WORLD.episodes(ts[i], 2) for i in drawn], beside=beside)
+    ids = [r.request_id for _, rs in beside + started for r in rs]
+    assert len(ids) == len(set(ids))
+    for gid in {g for g, _ in beside + started}:  # copies 0..n−1 of each task: no gaps
+        copies = sorted(rs[0].copy for g, rs in beside + started if g == gid)
+        assert copies == list(range(len(copies)))
+    if len(drawn) == len(set(drawn)) and not in_flight:
+        assert all(r.request_id == f"{g}/{r.index}" for g, rs in started for r in rs)

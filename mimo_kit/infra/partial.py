@@ -69,11 +69,7 @@ class PartialRolloutBuffer:
             gid, eps = draw()
             if len(eps) != self.group_size:
                 raise ValueError(f"top_up: group {gid!r} has {len(eps)} episodes, expected {self.group_size}")
-            started = start_groups([(gid, eps)])
-            copies = [rs[0].copy for g, rs in self.groups if g == gid and rs]
-            for r in started[0][1]:  # a task drawn again while a group of it is in flight: distinct request ids
-                r.copy = max(copies) + 1 if copies else 0
-            self.groups += started
+            self.groups += start_groups([(gid, eps)], beside=self.groups)
 
     def complete(self) -> list[tuple[str, list[Rollout]]]:
         """Groups whose every rollout has ended and been graded, in the order they were started."""

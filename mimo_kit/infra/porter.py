@@ -115,7 +115,7 @@ class SequenceManifest:
     context_lengths: list[int]  # tokens per context
     generated_tokens: int  # policy-generated tokens (the loss's tokens)
     key: Any  # the data key: a LocalStore / DistStore key or a Ray ObjectRef to the contexts
-    context_trained: list[int] = dataclasses.field(default_factory=list)  # the loss's targets per context row
+    context_trained: list[int]  # the loss's targets per context row (the learner's weights, before any fetch)
 
 
 @dataclasses.dataclass

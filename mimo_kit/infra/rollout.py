@@ -315,16 +315,22 @@ def group_sample(group_id: str, rollouts: Sequence[Rollout]) -> Sample:
                   domain=getattr(ep, "domain", "code"), metadata=dict(getattr(ep, "group_metadata", {}) or {}))
 
 
-def start_groups(groups: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str, list[Rollout]]]:
-    """``[(group_id, episodes), ...]`` → rollouts ready to step; a task drawn twice in one batch (a draw with
-    replacement) gets copy numbers, so every request id is unique."""
-    seen: dict[str, int] = {}
+def start_groups(groups: Sequence[tuple[str, Sequence[Any]]],
+                 beside: Sequence[tuple[str, Sequence[Rollout]]] = ()) -> list[tuple[str, list[Rollout]]]:
+    """``[(group_id, episodes), ...]`` → rollouts ready to step. A task drawn more than once (in one batch, or again
+    while ``beside``'s groups of it are in flight) gets the smallest copy number its group id has free, so every
+    request id in flight is unique (a server refuses a batch with repeated ``rid``s)."""
+    taken: dict[str, set[int]] = {}
+    for gid, rs in beside:
+        taken.setdefault(gid, set()).update(r.copy for r in rs[:1])
     out = []
     for gid, eps in groups:
+        used = taken.setdefault(gid, set())
+        copy = next(c for c in range(len(used) + 1) if c not in used)
+        used.add(copy)
         rs = [Rollout.start(ep, gid, i) for i, ep in enumerate(eps)]
         for r in rs:
-            r.copy = seen.get(gid, 0)
-        seen[gid] = seen.get(gid, 0) + 1
+            r.copy = copy
         out.append((gid, rs))
     return out
 

@@ -159,10 +159,8 @@ class RolloutService:
                     for r in started[g][1]:
                         if r.outcome is None and hasattr(r.episode, "close"):
                             r.episode.close()  # its sandbox, if any, is released before the fresh one starts
-                    copy = started[g][1][0].copy if started[g][1] else 0
-                    started[g] = start_groups([(ids[g], rebuild(ids[g]))])[0]
-                    for r in started[g][1]:
-                        r.copy = copy  # its request ids stay unique beside a copy of the same task
+                    others = started[:g] + started[g + 1:]  # its request ids stay unique beside them
+                    started[g] = start_groups([(ids[g], rebuild(ids[g]))], beside=others)[0]
             todo = [g for g in lost if g not in done]
         return [done[g] for g in range(len(started))]
 

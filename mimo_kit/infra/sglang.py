@@ -384,16 +384,16 @@ class SGLangEngine:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
     # ---- generation --------------------------------------------------------------------------------------
-    def generate(self, requests_: Sequence[GenerationRequest], on_step: Callable[[], None] | None = None,
+    def generate(self, requests_: Sequence[GenerationRequest], on_step: Callable[[], Any] | None = None,
                  poll_s: float = ON_STEP_POLL_S) -> list[GenerationOutput]:
         """One batched ``POST /generate``; outputs in request order, stamped with the version at dispatch.
 
-        ``on_step``: called every ``poll_s`` seconds while the server decodes (at once again when it returns
-        true: it has more work at hand), as the in-process engine calls it between decode steps; it may do other
-        work meanwhile (grade finished episodes) and call :meth:`abort`,
-        which cuts the requests in flight: they come back with what they generated so far and "abort"
-        (partial rollouts, Report §4.1). The cut lands between the server's decode steps, at a wall-clock moment,
-        so where it falls is not reproducible run to run, as with SGLang."""
+        ``on_step``: called every ``poll_s`` seconds while the server decodes (at once again when it returns true:
+        it has more work at hand), as the in-process engine calls it between decode steps. It may do other work
+        meanwhile (grade finished episodes) and call :meth:`abort`, which cuts the requests in flight: they come
+        back with what they generated so far and "abort" (partial rollouts, Report §4.1). The cut lands between the
+        server's decode steps at a wall-clock moment, so where it falls is not reproducible run to run (as with
+        SGLang)."""
         reqs = list(requests_)
         for i, r in enumerate(reqs):
             if not isinstance(r, GenerationRequest):

@@ -640,37 +640,26 @@ def make_minibatch(manifests: list[Manifest], advs: list[list[float]], cfg: RLCo
     plane (trained tokens per context, :func:`~mimo_kit.rl.aggregation.row_divisors`), and the rank fetches from the
     store only the payloads of the sequences its rows belong to.
     """
-    # control plane: every row of the mini-batch (one per context), its group, sequence and trained tokens
-    row_seq, row_group, row_tok, where = [], [], [], []  # where: (manifest, sequence) of each global sequence
-    for g, m in enumerate(manifests):
-        for j, q in enumerate(m.sequences):
-            for n in q.context_trained:
-                row_seq.append(len(where))
-                row_group.append(g)
-                row_tok.append(n)
-            where.append((g, j))
-    n_rows = len(row_seq)
-    rows, live = rank_rows(n_rows, d) if d.world_size > 1 else (torch.arange(n_rows), True)
-    mine = sorted({row_seq[r] for r in rows.tolist()})  # the global sequences this rank's rows belong to
-    need: dict[int, list[int]] = {}
-    for s_ in mine:
-        need.setdefault(where[s_][0], []).append(where[s_][1])
-    batch = flatten(porter.fetch(manifests, only=[need.get(g, []) for g in range(len(manifests))]),
-                    pad_id=world.pad_id)
+    # control plane: every sequence (group g, index j, manifest q), and every row (one per context): its sequence
+    seqs = [(g, j, q) for g, m in enumerate(manifests) for j, q in enumerate(m.sequences)]
+    row_seq = [s for s, (_, _, q) in enumerate(seqs) for _ in q.context_trained]
+    rows, live = rank_rows(len(row_seq), d) if d.world_size > 1 else (torch.arange(len(row_seq)), True)
+    mine = sorted({row_seq[r] for r in rows.tolist()})  # the sequences this rank's rows belong to: fetch those
+    batch = flatten(porter.fetch(manifests, only=[[seqs[s][1] for s in mine if seqs[s][0] == g]
+                                                  for g in range(len(manifests))]), pad_id=world.pad_id)
     wanted = set(mine)
-    fetched = {r: i for i, r in enumerate(r for r in range(n_rows) if row_seq[r] in wanted)}  # global → fetched
-    local = torch.tensor([fetched[r] for r in rows.tolist()], dtype=torch.long)
-    batch = slice_rows(batch, local)
-    seq_adv = torch.tensor([a for a_s in advs for a in a_s])  # [sequences]
-    adv = seq_adv[torch.tensor([row_seq[r] for r in rows.tolist()], dtype=torch.long)]  # [rows]
+    fetched = {r: i for i, r in enumerate(r for r, s in enumerate(row_seq) if s in wanted)}  # global → fetched row
+    batch = slice_rows(batch, torch.tensor([fetched[r] for r in rows.tolist()], dtype=torch.long))
+    own = torch.tensor([row_seq[r] for r in rows.tolist()], dtype=torch.long)  # [rows] each row's sequence
+    adv = torch.tensor([a for a_s in advs for a in a_s])[own]  # [rows]: its sequence's advantage
     mask = batch.loss_mask[:, 1:]  # [rows, T−1]: generated tokens are targets
     if cfg.segment_penalty:  # per-token advantages: error tokens of failures amplified, of successes zeroed
-        passed = torch.tensor([bool(manifests[where[row_seq[r]][0]].sequences[where[row_seq[r]][1]].passed)
-                               for r in rows.tolist()])
+        passed = torch.tensor([bool(q.passed) for _, _, q in seqs])[own]
         adv = token_advantages(adv, batch.error_mask, batch.loss_mask, passed, cfg.math)[:, 1:]
     rollout_lp = batch.logprobs[:, 1:].float()
-    # w = m / a_i / b over the whole mini-batch's counts, this rank's rows kept
-    a, b = row_divisors(torch.tensor(row_tok, dtype=torch.float32), torch.tensor(row_group), cfg.loss_agg)
+    # w = m / a_i / b over the whole mini-batch's counts (trained tokens per row, groups), this rank's rows kept
+    row_tok = torch.tensor([n for _, _, q in seqs for n in q.context_trained], dtype=torch.float32)
+    a, b = row_divisors(row_tok, torch.tensor([seqs[s][0] for s in row_seq]), cfg.loss_agg)
     w = mask.float() / a[rows][:, None] / b  # [rows, T−1]
     if d.world_size > 1:
         mask = mask & live
