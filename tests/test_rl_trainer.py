@@ -28,6 +28,34 @@ def tiny(out, sft_file, **kw):
     return RLConfig.preset("toy", **{k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in base.items()})
 
 
+def test_a_clip_controller_that_cannot_act_is_refused():
+    """The entropy-adjusted clip needs a ratio that can depart from 1: refused where every token is trained by the
+    policy that sampled it, accepted by each mechanism that makes training off-policy."""
+    with pytest.raises(ConfigError, match="ratio to π_old is exactly 1"):
+        RLConfig(entropy_adaptive=True)
+    with pytest.raises(ConfigError, match="ratio to π_old is exactly 1"):
+        RLConfig.preset("toy", entropy_adaptive=True, minibatches=1, epochs=1, tis=True)
+    for off in ({"minibatches": 2}, {"epochs": 2}, {"staleness": 1, "world": "toy"}, {"async_steps": True},
+                {"rollout_mxfp4": True}):
+        cfg = RLConfig(entropy_adaptive=True, **off)
+        assert cfg.off_policy and cfg.entropy_adaptive
+    assert not RLConfig().off_policy and not RLConfig().entropy_adaptive
+
+
+def test_the_report_preset_is_the_report_recipe_on_the_toy_world():
+    from mimo_kit.train.trainer import REPORT_RECIPE, TOY_WORLD
+
+    cfg = RLConfig.preset("report")
+    flat = cfg.to_dict()
+    for key, value in REPORT_RECIPE.items():  # every value of the recipe, nested keys included
+        node = flat
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
+    assert cfg.world == "toy" and cfg.steps == TOY_WORLD["steps"] and cfg.off_policy
+    cfg.check()  # every knob of the recipe can act together
+
+
 def test_config_errors_name_the_value():
     with pytest.raises(ConfigError, match="'ppo'"):
         RLConfig(advantage="ppo")
@@ -81,6 +109,95 @@ def test_toy_rubric_and_rewards():
     # products of 1, 1/2 and 1/4: exact in fp32
     assert rewards(RLConfig.preset("toy", advantage="grs")) == [1.0, 0.5, 0.25, 0.0]
     assert rewards(RLConfig.preset("toy", advantage="grpo")) == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_routed_advantages_send_high_pass_rate_groups_to_grs_and_the_rest_to_gar():
+    """Report §4.3: GRS for high-pass-rate tasks, GAR for the rest. A routed group's rewards and advantages are
+    exactly those of the grader it is routed to, and the cut decides which."""
+    from mimo_kit.infra.rollout import Rollout, grade, group_sample
+    from mimo_kit.train.toy.world import ToyEpisode, make_tasks
+    from mimo_kit.train.trainer import group_advantages
+
+    def group(task, plays):
+        fix = f"E{task.bug_line}{task.reference[task.bug_line - 1]}"
+        slots = []
+        for i, actions in enumerate(plays):
+            r = Rollout.start(ToyEpisode(task), task.task_id, i)
+            for a in actions:
+                r.episode.step(fix if a == "fix" else a)
+            r.finish = "stop"
+            slots.append(r)
+        grade(slots)
+        return group_sample(task.task_id, slots)
+
+    a, b = make_tasks(2, 11)
+    high = group(a, [["R", "fix", "R", "S"], ["R", "fix", "S"], ["R", "fix", "A+0", "S"], ["S"]])  # 3 of 4 pass
+    low = group(b, [["R", "fix", "S"], ["R", "fix", "A+0", "S"], ["S"], ["R", "S"]])  # 2 of 4 pass
+    world = RLConfig.preset("toy").make_world()
+
+    def graded(advantage, **kw):
+        return group_advantages([high, low], RLConfig.preset("toy", advantage=advantage, **kw), world)
+
+    routed, grs, gar = graded("routed"), graded("grs"), graded("gar")
+    assert [log["grader"] for log in routed[2]] == ["grs", "gar"]
+    assert routed[0] == [grs[0][0], gar[0][1]] and routed[1] == [grs[1][0], gar[1][1]]
+    strict = graded("routed", grs_pass_rate=1.0)  # no group passes on every rollout: all to GAR
+    assert [log["grader"] for log in strict[2]] == ["gar", "gar"] and strict[1] == gar[1]
+    loose = graded("routed", grs_pass_rate=0.5)
+    assert [log["grader"] for log in loose[2]] == ["grs", "grs"] and loose[1] == grs[1]
+
+
+def test_carried_optimizer_state_steps_as_the_sft_optimizer_would_at_the_rl_lr():
+    """Report §5: RL carries Muown's state over from SFT. After carry_state, an RL step equals the SFT optimiser's
+    own next step at the RL learning rate, and differs from a fresh optimiser's."""
+    import copy
+
+    from mimo_kit.optim.build import OptimizerSet
+    from mimo_kit.optim.config import OptimConfig
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+
+    def muown(model, lr):
+        return OptimizerSet(model, OptimConfig(matrix_optimizer="muown", lr=lr, matrix_lr=lr, norm_lr=lr,
+                                               weight_decay=0.0, schedule="constant", warmup_steps=0))
+
+    def backward(model, seed):
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, 30, (2, 12), generator=g)  # the toy vocabulary
+        model(ids).logits.float().logsumexp(-1).mean().backward()
+
+    sft_model = build_policy(PolicyConfig(hidden_size=32, n_routed_experts=4), seed=3)
+    sft_opt = muown(sft_model, 3e-3)
+    for k in range(3):
+        sft_opt.zero_grad()
+        backward(sft_model, k)
+        sft_opt.step()
+    carried, reference, fresh = (copy.deepcopy(sft_model) for _ in range(3))
+    opts = {"carried": muown(carried, 1e-3), "fresh": muown(fresh, 1e-3), "reference": muown(reference, 3e-3)}
+    opts["carried"].carry_state(sft_opt.state_dict())
+    opts["reference"].load_state_dict(copy.deepcopy(sft_opt.state_dict()))  # torch would share the tensors
+    opts["reference"].set_lr_factor(1e-3 / 3e-3)  # the SFT optimiser itself, at the RL lr
+    for name, model in (("carried", carried), ("reference", reference), ("fresh", fresh)):
+        opts[name].zero_grad()
+        backward(model, 99)
+        opts[name].step()
+    for (name, p), q in zip(carried.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=f"{name}: carried state steps differently")
+    assert any(not torch.allclose(p, f) for p, f in zip(carried.parameters(), fresh.parameters()))
+    assert all(g["lr"] == pytest.approx(1e-3) for g in opts["carried"].parts["adamw"].param_groups)
+    with pytest.raises(ValueError, match="'adamw'"):
+        OptimizerSet(copy.deepcopy(sft_model), OptimConfig(matrix_optimizer="adamw")).carry_state(
+            sft_opt.state_dict())
+    with pytest.raises(ConfigError, match="carry_sft_state"):
+        RLConfig(optimizer="muown", carry_sft_state=True)  # SFT ran AdamW: no Muown state to carry
+
+
+@pytest.mark.slow
+def test_a_run_carries_the_muown_state_its_sft_saved(tmp_path, sft_file):
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, optimizer="muown", carry_sft_state=True,
+                    sft={**SFT.to_dict(), "optimizer": "muown"}))
+    saved = torch.load(tmp_path / "sft.pt", weights_only=False)
+    assert saved["optimizer"]["matrix_kind"] == "muown" and saved["optimizer"]["parts"]["matrix"]["state"]
+    assert any(h["trained_tokens"] and h["grad_norm"] > 0 for h in r["history"])
 
 
 @pytest.mark.slow
@@ -394,7 +511,7 @@ def test_topp_replay_trains_consistently(tmp_path, sft_file):
 def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
     """The target is anchored at 0.8 × the first batch's entropy, so ε_high moves both ways instead of sitting at
     a bound."""
-    r = run_rl(tiny(tmp_path, sft_file, steps=6, prompts=8))
+    r = run_rl(tiny(tmp_path, sft_file, steps=6, prompts=8, entropy_adaptive=True, minibatches=2))
     h = r["history"]
     first = h[0]["entropy"]
     assert h[-1]["entropy_target"] == pytest.approx(0.8 * first, rel=1e-6)

@@ -7,6 +7,7 @@ matrix part mid-run: the report's switch from AdamW to Muown.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -78,9 +79,27 @@ class OptimizerSet:
         for opt in self.parts.values():
             opt.step()
 
-    def zero_grad(self) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.parts.values():
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def carry_state(self, sd: dict) -> None:
+        """Take over another run's per-parameter state (moments, Muown's momentum and row Adam) from its
+        :meth:`state_dict`, keeping this set's own hyperparameters (lr, betas): RL starting from SFT's optimiser
+        (Report §5). Both sets must cover the same parameters in the same groups."""
+        if sd["matrix_kind"] != self.matrix_kind:
+            raise ValueError(f"carry_state: the saved hidden matrices ran {sd['matrix_kind']!r}, these run "
+                             f"{self.matrix_kind!r}")
+        sd = copy.deepcopy(sd)  # torch loads state tensors as they are: never share them with the giver
+        for k, opt in self.parts.items():
+            mine, theirs = opt.state_dict(), sd["parts"][k]
+            sizes = [len(g["params"]) for g in mine["param_groups"]]
+            if sizes != [len(g["params"]) for g in theirs["param_groups"]]:
+                raise ValueError(f"carry_state: the {k} part's groups hold {sizes} parameters here, "
+                                 f"{[len(g['params']) for g in theirs['param_groups']]} in the saved state")
+            opt.load_state_dict({"state": theirs["state"],
+                                 "param_groups": [{**g, "params": t["params"]}
+                                                  for g, t in zip(mine["param_groups"], theirs["param_groups"])]})
 
     def state_dict(self) -> dict:
         return {"matrix_kind": self.matrix_kind, "lr_factor": self.lr_factor,

@@ -6,6 +6,7 @@
     mimo-kit run rl-router-freeze --preset tiny         # trainable vs frozen router + the reset test (§5.4)
     mimo-kit run rl-aggregation --preset tiny           # token-mean vs prompt-mean; dynamic sampling on/off
     mimo-kit run rl-partial-rollout --preset tiny       # synchronous vs staleness 1 / 4 (§4.1)
+    mimo-kit run rl-report-recipe --preset tiny         # Report §5's recipe: entropy-adjusted vs fixed clip
     mimo-kit run rl-gar-ablation --preset tiny "seeds=[0]"   # one seed only
 
 Each comparison runs once per seed of ``CompareConfig.seeds``: for seed k it trains one SFT policy (``base.seed =
@@ -52,14 +53,14 @@ from mimo_kit.spread import mean_sd, spread
 from mimo_kit.train.consistency import ConsistencyConfig, measure_consistency
 from mimo_kit.train.multi_harness import SeedsConfig, run_seeds
 from mimo_kit.train.toy.world import expert_dataset, make_tasks
-from mimo_kit.train.trainer import TOY_WORLD, RLConfig, run_rl, torch_threads
+from mimo_kit.train.trainer import REPORT_RECIPE, TOY_WORLD, RLConfig, run_rl, torch_threads
 
 #: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
 RESULTS_DIR = DATA_DIR / "rl"
 
 #: Per-step metrics whose late-run mean is a per-seed scalar (``late_<key>``): every one chapter 5a plots or claims.
 LATE_KEYS = ("pass_rate", "turns", "gen_tokens", "needless_rate", "kept_fraction", "load_cv", "lag_mean",
-             "mismatch_abs_dlogp", "samples_per_s")
+             "mismatch_abs_dlogp", "samples_per_s", "clip_low", "clip_high", "eps_high", "ratio_abs_dev")
 #: Held-out evaluation fields kept as per-seed scalars (``heldout_<key>_sft`` / ``heldout_<key>_rl``).
 EVAL_KEYS = ("pass_rate", "needless_rate", "turns", "gen_tokens")
 
@@ -150,6 +151,9 @@ def seed_scalars(run: dict, late_frac: float) -> dict[str, float | None]:
     out["trained_tokens"] = float(sum(r.get("trained_tokens", 0) for r in h))
     out["lag_max"] = float(max((r.get("lag_max", 0) for r in h), default=0))
     out["expired"] = float(h[-1].get("expired", 0)) if h else 0.0
+    clipped = [(r.get("clip_low") or 0.0) + (r.get("clip_high") or 0.0) for r in h]
+    out["clip_fraction"] = sum(clipped) / len(clipped) if clipped else float("nan")  # mean over steps
+    out["clipped_steps"] = sum(c > 0 for c in clipped) / len(clipped) if clipped else float("nan")
     return {k: (float(v) if _finite(v) else None) for k, v in out.items()}  # None: not measured (JSON null)
 
 
@@ -406,10 +410,19 @@ def partial_rollout(cfg: CompareConfig) -> dict:
     return _result(compare(cfg, arms, "partial_rollout"))
 
 
+@experiment("rl-report-recipe", CompareConfig, chapter="ch05a", publishes=_published("report_recipe"))
+def report_recipe(cfg: CompareConfig) -> dict:
+    """Report §5's recipe (:data:`~mimo_kit.train.trainer.REPORT_RECIPE` over ``cfg.base``) with the entropy-
+    adjusted clip against the same recipe with a fixed ε_high: clip fractions, ratios and ε_high per step."""
+    cfg = dataclasses.replace(cfg, base=cfg.base.override(REPORT_RECIPE))
+    arms = {"entropy-adjusted": {"entropy_adaptive": True}, "fixed-eps": {"entropy_adaptive": False}}
+    return _result(compare(cfg, arms, "report_recipe"))
+
+
 #: The comparisons chapter 5a shows, by the name of their result file.
 COMPARISONS: dict[str, Callable[[CompareConfig], dict]] = {
     "gar_ablation": gar_ablation, "router_freeze": router_freeze, "aggregation": aggregation,
-    "partial_rollout": partial_rollout}
+    "partial_rollout": partial_rollout, "report_recipe": report_recipe}
 
 
 # ---- the repo world over seeds: SFT → RL through the harness, the multi-harness table (Report §4.2) ------------------

@@ -14,7 +14,7 @@ import random
 import torch
 import torch.nn.functional as F
 
-from mimo_kit.config.base import Config, knob
+from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.dist import Dist, autocast, checkpointed_layers
 from mimo_kit.model import MiMoConfig, MiMoForCausalLM
 from mimo_kit.train.toy.world import TOKENIZER, expert_dataset, make_tasks
@@ -51,11 +51,30 @@ class SFTConfig(Config):
     steps: int = knob(400, "enough for the copy skill to appear on 2 cores in about a minute", min=0)
     batch_size: int = knob(32, "sequences per SFT step", min=1)
     lr: float = knob(3e-3, "AdamW at a toy scale learns fast without diverging", min=0.0)
+    optimizer: str = knob("adamw", "'adamw', or 'muown' on the hidden matrices (AdamW on the rest, no weight decay) "
+                          "so that RL can carry its state over (Report §5)")
     mix: tuple[float, float, float] = knob((0.5, 0.25, 0.25), "half clean, a quarter needless, a quarter wrong: "
                                            "SFT starts well below 100% so RL has room")
     retry_prob: float = knob(0.3, "share of needless trajectories that repair a wrong first edit", min=0.0, max=1.0)
 
     PRESETS = {"tiny": {}, "small": {"steps": 1200}}
+
+    def check(self) -> None:
+        if self.optimizer not in ("adamw", "muown"):
+            raise ConfigError(f"SFTConfig.optimizer={self.optimizer!r}; expected 'adamw' or 'muown'")
+
+
+def sft_optimizer(model: MiMoForCausalLM, cfg: SFTConfig):
+    """SFT's optimiser: AdamW on every parameter, or the kit's Muown set (Muown on the hidden matrices, AdamW on
+    embeddings, head, router and norms), no weight decay, constant lr (Report §5's RL settings, so that RL can
+    take the state over unchanged)."""
+    if cfg.optimizer == "muown":
+        from mimo_kit.optim.build import OptimizerSet
+        from mimo_kit.optim.config import OptimConfig
+
+        return OptimizerSet(model, OptimConfig(matrix_optimizer="muown", lr=cfg.lr, matrix_lr=cfg.lr, norm_lr=cfg.lr,
+                                               weight_decay=0.0, schedule="constant", warmup_steps=0))
+    return torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
 
 
 def build_policy(cfg: PolicyConfig, seed: int, vocab_size: int | None = None) -> MiMoForCausalLM:
@@ -77,18 +96,19 @@ def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Ten
 
 def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False,
                    data: list | None = None, *, d: Dist | None = None, dtype: torch.dtype = torch.float32,
-                   activation_checkpointing: bool = False) -> list[float]:
+                   activation_checkpointing: bool = False, opt=None) -> list[float]:
     """Train ``model`` in place on expert trajectories ``data`` ((ids, loss mask, info) per trace; default: the toy
     world's expert); returns the loss per step.
 
     ``d``: the process group of a sharded run. Every rank draws the same batch and trains on its rows; the loss is
     normalised by the whole batch's target count N (each rank's sum of token losses / N, × W for FSDP's average),
     so W ranks compute the one-process loss. ``dtype``: the compute dtype (bf16 autocast on fp32 weights).
+    ``opt``: the optimiser to step (default: :func:`sft_optimizer`), for a caller that keeps its state.
     """
     if data is None:
         data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
     d = d or Dist(device=next(model.parameters()).device)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    opt = opt if opt is not None else sft_optimizer(model, cfg)
     rng = random.Random(seed)
     losses = []
     steps = range(cfg.steps)

@@ -139,7 +139,7 @@ from mimo_kit.rl.losses import (
 from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
 from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
-from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_warm_start
+from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_optimizer, sft_warm_start
 from mimo_kit.train.student import StudentConfig, check_student_run
 from mimo_kit.train.toy import pooled
 from mimo_kit.train.toy.repo import RepoWorld, RepoWorldConfig, harness_table
@@ -147,8 +147,22 @@ from mimo_kit.train.toy.world import ToyWorld
 
 #: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
 #: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
+#: Graders of a group's advantages (``RLConfig.advantage``).
+ADVANTAGES = ("grpo", "gar", "grs", "routed")
+
 TOY_WORLD: dict[str, Any] = {"world": "toy", "policy": {"hidden_size": 64}, "sft": {"steps": 400}, "steps": 40,
                              "prompts": 16, "lr": 2e-4, "eval_tasks": 128}
+
+#: Report §5's RL recipe, as overrides of any world's settings (``RLConfig.preset("report")`` puts it on the toy
+#: world). Cited: partial rollouts at staleness 4, Muown with its state carried from SFT, no weight decay or
+#: warm-up, grad clip 1.0, router frozen, prompt-mean, the entropy-adjusted clip (§5); dynamic sampling (§4.1);
+#: GRS for high-pass-rate tasks and GAR for the rest (§4.3). The kit's choices: K = 4 mini-batches (the report
+#: trains off-policy without publishing K) and the routing cut ``grs_pass_rate``. Not in it yet: the Sample Mixer
+#: over partial rollouts (the kit's Mixer drives synchronous collection; planned).
+REPORT_RECIPE: dict[str, Any] = {"staleness": 4, "minibatches": 4, "optimizer": "muown", "sft.optimizer": "muown",
+                                 "carry_sft_state": True, "clip.grad_clip": 1.0, "freeze_router": True,
+                                 "loss_agg": "prompt-mean", "dynamic_sampling": True, "advantage": "routed",
+                                 "entropy_adaptive": True}
 
 
 @dataclasses.dataclass
@@ -180,10 +194,18 @@ class RLConfig(Config):
     lr: float = knob(3e-4, "AdamW on a warm-started tiny policy: moves in ten steps without collapsing",
                      min=0.0)
     optimizer: str = knob("adamw", "'adamw', or 'muown' for the hidden matrices as in Report §5 (no weight decay)")
+    carry_sft_state: bool = knob(False, "Report §5: Muown's row state and moments carried over from SFT (needs "
+                                 "optimizer='muown' and sft.optimizer='muown'); off: RL starts a fresh optimiser")
     temperature: float = knob(1.0, "sample at T = 1 so rollout logprobs are the policy's own", min=0.0)
     max_turns: int = knob(8, "episode limit: the longest expert trajectory has 7 actions", min=1)
-    advantage: str = knob("grpo", "'grpo' (binary reward), 'gar' (rule-based group grader, Report §4.3.2) or "
-                          "'grs' (R = R_test·S_sol·S_beh with the toy rubric, Report §4.3.1)")
+    advantage: str = knob("grpo", "'grpo' (binary reward), 'gar' (rule-based group grader, Report §4.3.2), "
+                          "'grs' (R = R_test·S_sol·S_beh with the toy rubric, Report §4.3.1) or 'routed' (GRS for "
+                          "high-pass-rate tasks, GAR for the rest, Report §4.3: see grs_pass_rate)")
+    grs_pass_rate: float = knob(0.75, "advantage='routed': a group whose pass rate is at least this goes to GRS, the "
+                                "rest to GAR. The report routes high-pass-rate tasks to GRS without publishing the "
+                                "cut; the kit reads the task's pass rate off its own group (at 6 of 8 passing, "
+                                "binary GRPO's signal is thin and the rubric separates the passes)",
+                                min=0.0, max=1.0)
     length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
     segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")
@@ -199,7 +221,9 @@ class RLConfig(Config):
     topp_replay: bool = knob(False, "top-p candidate replay: the training logprob renormalised over each token's "
                              "recorded sampling set, as the rollout sampled it (Report §6.1)")
     freeze_router: bool = knob(True, "Report §5.4: router frozen in RL (published)")
-    entropy_adaptive: bool = knob(True, "Report §5: clip range adjusted with policy entropy")
+    entropy_adaptive: bool = knob(False, "Report §5: clip range adjusted with policy entropy. Off by default: it "
+                                  "acts only where the ratio to π_old departs from 1 (minibatches or epochs > 1, "
+                                  "staleness > 0, async_steps, MXFP4 rollouts); the report preset turns it on")
     tis: bool = knob(False, "truncated IS against the rollout logprobs (a kit addition, not in the report); "
                      "off: π_old = π_rollout (one epoch)")
     r3: bool = knob(False, "replay the experts chosen at rollout in the training forward (Report §6.1)")
@@ -260,7 +284,7 @@ class RLConfig(Config):
 
     PRESETS = {"tiny": {"policy": {"hidden_size": 128}, "sft": {"steps": 250}, "mixing": {"replay": False}},
                "small": {"steps": 60, "prompts": 16, "eval_tasks": 32},
-               "toy": TOY_WORLD}
+               "toy": TOY_WORLD, "report": {**TOY_WORLD, **REPORT_RECIPE}}
 
     def check(self) -> None:
         check_device_knobs("RLConfig", self.device, self.precision, self.fsdp)
@@ -303,8 +327,20 @@ class RLConfig(Config):
             raise ConfigError("RLConfig.staleness > 0 with world='repo' and checkpoint_every > 0: groups in flight "
                               "hold live sandboxed workspaces, which a checkpoint cannot carry; set "
                               "checkpoint_every=0 (no resume) or use world='toy' for resumable partial rollouts")
-        if self.advantage not in ("grpo", "gar", "grs"):
-            raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected 'grpo', 'gar' or 'grs'")
+        if self.advantage not in ADVANTAGES:
+            raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected one of {ADVANTAGES}")
+        if self.entropy_adaptive and not self.off_policy:
+            raise ConfigError("RLConfig.entropy_adaptive=true with minibatches=1, epochs=1, staleness=0, "
+                              "async_steps=false and rollout_mxfp4=false: every token is trained by the policy that "
+                              "sampled it, so the ratio to π_old is exactly 1 and no clip range ever acts; set "
+                              "minibatches > 1 (or staleness > 0, async_steps=true), or entropy_adaptive=false")
+        if self.carry_sft_state and (self.optimizer != "muown" or self.sft.optimizer != "muown"):
+            raise ConfigError(f"RLConfig.carry_sft_state=true with optimizer={self.optimizer!r} and sft.optimizer="
+                              f"{self.sft.optimizer!r}: the state carried over is Muown's (Report §5); set both to "
+                              "'muown' or carry_sft_state=false")
+        if self.carry_sft_state and self.student.model:
+            raise ConfigError("RLConfig.carry_sft_state=true with student.model: a distilled student's SFT ran in "
+                              "distill-sft, whose optimiser state is not kept; set carry_sft_state=false")
         if self.staleness > 0 and self.in_flight and self.in_flight < self.prompts:
             raise ConfigError(f"RLConfig.in_flight={self.in_flight} < prompts={self.prompts}: a batch cannot fill")
         if self.optimizer not in ("adamw", "muown"):
@@ -322,6 +358,13 @@ class RLConfig(Config):
     def engine_urls(self) -> list[str]:
         """The servers of ``engine_url`` (comma-separated), none for the in-process engines."""
         return [u.strip() for u in self.engine_url.split(",") if u.strip()]
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether a token can be trained by a policy other than the one that sampled it (the clip can act):
+        several optimiser steps per rollout batch, stale or one-version-old rollouts, or MXFP4 rollouts."""
+        return (self.minibatches * self.epochs > 1 or self.staleness > 0 or self.async_steps
+                or self.rollout_mxfp4)
 
     @property
     def n_engines(self) -> int:
@@ -534,17 +577,27 @@ def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
     for s in samples:
         seqs = s.sequences
         passed = [bool(q.passed) for q in seqs]
+        grader = route(passed, cfg)
         res = sequence_advantages(
             passed,
-            rewards=None if cfg.advantage == "grs" else [float(q.reward) for q in seqs],
-            rubric=tuple(map(list, zip(*(world.rubric(q) for q in seqs)))) if cfg.advantage == "grs" else None,
+            rewards=None if grader == "grs" else [float(q.reward) for q in seqs],
+            rubric=tuple(map(list, zip(*(world.rubric(q) for q in seqs)))) if grader == "grs" else None,
             lengths=[max(1, generated_tokens(q)) for q in seqs] if cfg.length_penalty else None,
-            gar=cfg.advantage == "gar", verdict=world.grade_group(s) if cfg.advantage == "gar" else None,
+            gar=grader == "gar", verdict=world.grade_group(s) if grader == "gar" else None,
             ids=[q.sequence_id for q in seqs], math=cfg.math)
         rewards.append(res.rewards.tolist())
         advs.append(res.advantages.tolist())
-        logs.append({"fallback": res.fallback, "lam": res.lam})
+        logs.append({"fallback": res.fallback, "lam": res.lam, "grader": grader})
     return rewards, advs, logs
+
+
+def route(passed: list[bool], cfg: RLConfig) -> str:
+    """The group's grader: ``cfg.advantage``, or with ``'routed'`` (Report §4.3) GRS for a high-pass-rate task
+    (its group's pass rate ≥ ``grs_pass_rate``: the rubric still separates passes where a binary reward has little
+    to say) and GAR for the rest (mixed groups, where GAR redistributes the passes' advantage)."""
+    if cfg.advantage != "routed":
+        return cfg.advantage
+    return "grs" if sum(passed) >= cfg.grs_pass_rate * len(passed) else "gar"
 
 
 # ---- the loss and the update (Report §5, §6.1) --------------------------------------------------------------------
@@ -705,7 +758,7 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
         samples = porter.ship(samples)
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
-                           "updates": 0}
+                           "grs_groups": sum(1 for log in gar_logs if log.get("grader") == "grs"), "updates": 0}
     if not samples:
         return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, ratio_abs_dev=None,
                           ratio_min=None, ratio_max=None, trained_tokens=0, mismatch_abs_dlogp=None,
@@ -958,12 +1011,17 @@ def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
         else:
             data = world.sft_data(cfg.repo.sft_traces, cfg.seed)
     data = d.broadcast_object(data)
+    if cfg.sft.optimizer == "muown" and d.world_size > 1:
+        raise ConfigError("RLConfig.sft.optimizer='muown' under torchrun: the kit's Muown steps whole matrices, not "
+                          "shards; run SFT in one process (its warm start is cached) or use sft.optimizer='adamw'")
+    opt = sft_optimizer(model, cfg.sft)
     losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress and d.is_main, data=data, d=d,
                             dtype=resolve_precision(cfg.precision, d.device),
-                            activation_checkpointing=cfg.activation_checkpointing)
+                            activation_checkpointing=cfg.activation_checkpointing, opt=opt)
     weights = full_state_dict(model)
-    if d.is_main:
-        saved = {"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses}
+    if d.is_main:  # Muown's state kept for RL to carry over (Report §5); AdamW's is not needed
+        saved = {"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses,
+                 **({"optimizer": opt.state_dict()} if cfg.sft.optimizer == "muown" else {})}
         atomic_save(saved, path)
         cache.store("sft", key, saved)
     d.barrier()
@@ -1152,6 +1210,11 @@ def run_rl(cfg: RLConfig) -> dict:
             model.freeze_router(cfg.freeze_router)
         init_router = {k: v.clone() for k, v in full_state_dict(model).items() if k.endswith("gate.weight")}
         opt = build_rl_optimizer(model, cfg)
+        if cfg.carry_sft_state:  # Report §5: Muown's row state and moments from SFT
+            if d.world_size > 1:
+                raise ConfigError("RLConfig.carry_sft_state=true under torchrun: the kit's Muown steps whole "
+                                  "matrices, not shards; run in one process or set carry_sft_state=false")
+            opt.carry_state(torch.load(out / "sft.pt", weights_only=False)["optimizer"])
         porter = Porter(DistStore()) if d.world_size > 1 else None  # payloads in the rendezvous store
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
         sync_weights(engine, model, 0, cfg)
