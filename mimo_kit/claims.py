@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from pathlib import Path
 
 MIME = "application/vnd.mimo-kit.claim+json"
@@ -41,6 +42,9 @@ class Claim:
     seeds: int = 0  # independent seeds behind `measured` (experiments only)
     agree: str = ""  # on how many seeds the direction holds ("3 of 3")
     why: str = ""  # experiments: why the outcome is or is not expected at toy scale
+    # a paired judgement's numbers (judge_paired): mean, low, high (its t interval), sd of the per-seed
+    # differences, p_sign, confidence; empty for claims judged otherwise
+    stats: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -79,10 +83,17 @@ class Judgement:
     n: int  # seeds
     agree: int  # seeds whose difference points the report's way
     mean: float  # mean difference
+    sd: float  # sample standard deviation of the differences (0 for one seed)
     low: float  # the confidence interval of the mean difference (Student t over the seeds)
     high: float
     p_sign: float  # exact one-sided sign test: P(≥ agree of n seeds agree | no direction)
     confidence: float
+
+    def stats(self) -> dict:
+        """The numbers a claim record keeps (:attr:`Claim.stats`)."""
+        out = {"mean": self.mean, "low": self.low, "high": self.high, "sd": self.sd, "p_sign": self.p_sign,
+               "confidence": self.confidence}
+        return {k: v if math.isfinite(v) else None for k, v in out.items()}  # JSON has no infinities
 
     def text(self) -> str:
         return (f"Δ = {self.mean:+.4g}, {self.confidence:.0%} CI [{self.low:+.4g}, {self.high:+.4g}], "
@@ -120,7 +131,21 @@ def judge_paired(diffs, *, confidence: float = 0.95, alpha: float = 0.05) -> Jud
         verdict = "does not hold"
     else:
         verdict = "not shown at toy scale"
-    return Judgement(verdict, n, up, mean, float(low), float(high), p_up, confidence)
+    sd = statistics.stdev(d) if n > 1 else 0.0
+    return Judgement(verdict, n, up, mean, sd, float(low), float(high), p_up, confidence)
+
+
+def judge_rows(rows: dict[str, list[float]], **kw) -> tuple[str, dict[str, Judgement]]:
+    """A claim that names a table ("gains on every harness", Table 7) judged row by row: each row's per-seed paired
+    differences by :func:`judge_paired`. The claim holds only when every row holds; it does not hold when any row
+    does not hold (a significant move against the report's direction); otherwise it is not shown at toy scale."""
+    if not rows:
+        raise ValueError("judge_rows: no rows to judge")
+    judged = {name: judge_paired(d, **kw) for name, d in rows.items()}
+    verdicts = {j.verdict for j in judged.values()}
+    if verdicts == {"holds"}:
+        return "holds", judged
+    return ("does not hold" if "does not hold" in verdicts else "not shown at toy scale"), judged
 
 
 def collect(directory: Path | str | None = None) -> list[Claim]:

@@ -86,7 +86,8 @@ def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
 
 
 def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "experiment", report: str = "",
-          measured: str = "", seeds: int = 0, agree: str = "", why: str = "", toy_limited: bool = False):
+          measured: str = "", seeds: int = 0, agree: str = "", why: str = "", toy_limited: bool = False,
+          stats: dict | None = None):
     """Display one claim of the report as this chapter tested it (chapter 8 collects these records)."""
     from mimo_kit.claims import MIN_SEEDS, Claim, verdict_of
 
@@ -94,7 +95,8 @@ def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "e
         print(f"quick mode, {seeds} seed(s): {claim} ({measured}); judged in full mode over >= {MIN_SEEDS} seeds")
         return None
     c = Claim(chapter=chapter, claim=claim, section=section, kind=kind, report=report, measured=measured,
-              seeds=seeds, agree=agree, why=why, verdict=verdict_of(holds, toy_limited=toy_limited))
+              seeds=seeds, agree=agree, why=why, verdict=verdict_of(holds, toy_limited=toy_limited),
+              stats=stats or {})
     _show_claims([c])
     return c
 
@@ -119,7 +121,27 @@ def claim_paired(chapter: str, text: str, section: str, diffs, *, report: str, w
     j = judge_paired(diffs)
     return claim(chapter, text, section, holds=j.verdict == "holds", report=report, seeds=j.n,
                  agree=f"{j.agree} of {j.n}", why=why, measured=f"{measured}; {j.text()}" if measured else j.text(),
-                 toy_limited=j.verdict == "not shown at toy scale")
+                 toy_limited=j.verdict == "not shown at toy scale", stats=j.stats())
+
+
+def claim_rows(chapter: str, text: str, section: str, rows: dict[str, list[float]], *, report: str, why: str,
+               row_name: str = "row"):
+    """A claim that names a table, judged on every row it names (:func:`mimo_kit.claims.judge_rows`): the per-row
+    judgements as a table, then one claim record whose verdict needs every row."""
+    from mimo_kit.claims import judge_rows
+
+    verdict, judged = judge_rows(rows)
+    table([{row_name: k, "Δ (mean)": f"{j.mean:+.3g}", "95% CI": f"[{j.low:+.3g}, {j.high:+.3g}]",
+            "seeds agree": f"{j.agree} of {j.n}", "sign test p": f"{j.p_sign:.3g}", "verdict": j.verdict}
+           for k, j in judged.items()])
+    n = min(j.n for j in judged.values())
+    plural = row_name + ("es" if row_name.endswith("s") else "s")
+    count = {v: sum(j.verdict == v for j in judged.values()) for v in ("holds", "does not hold")}
+    measured = (f"{count['holds']} of {len(judged)} {plural} hold, {count['does not hold']} do not; "
+                f"mean Δ per {row_name}: " + ", ".join(f"{k} {j.mean:+.3g}" for k, j in judged.items()))
+    return claim(chapter, text, section, holds=verdict == "holds", report=report, seeds=n,
+                 agree=f"{sum(j.agree == j.n for j in judged.values())} of {len(judged)} {plural} on every seed",
+                 why=why, measured=measured, toy_limited=verdict == "not shown at toy scale")
 
 
 def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:

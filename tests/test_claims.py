@@ -1,6 +1,8 @@
 """Claim records: validated when made, displayed with a machine-readable record, and collected back from notebook
 outputs into chapter 8's tables."""
 
+import dataclasses
+
 import nbformat
 import pytest
 from hypothesis import given, settings
@@ -114,3 +116,38 @@ def test_a_paired_claim_carries_its_test_and_interval(monkeypatch):
     assert c.measured.startswith("turns 4.1 vs 4.4; Δ = +0.28") and "95% CI" in c.measured
     c = nb.claim_paired("ch05a", "x", "§4.3", [0.3, -0.2, 0.25], report="r", why="w")
     assert c.verdict == "not shown at toy scale" and c.agree == "2 of 3"
+
+
+def test_a_claim_that_names_a_table_needs_every_row(monkeypatch):
+    """"Gains on every harness (Table 7)": one row inside the noise makes the claim not shown, one row that moves
+    clearly the other way makes it fail, however well the pooled mean does."""
+    from mimo_kit.claims import judge_rows
+
+    clear = [0.10, 0.12, 0.09, 0.11, 0.13]
+    assert judge_rows({"a": clear, "b": [x + 0.05 for x in clear]})[0] == "holds"
+    verdict, judged = judge_rows({"a": clear, "b": clear, "c": [0.001, 0.9, 0.002, 1.2, 0.003]})
+    assert verdict == "not shown at toy scale" and judged["c"].verdict == "not shown at toy scale"
+    assert judge_rows({"a": [1.0] * 3 + [1.1] * 2, "b": [-x for x in clear]})[0] == "does not hold"
+    with pytest.raises(ValueError, match="no rows"):
+        judge_rows({})
+    monkeypatch.setenv("MIMO_KIT_QUICK", "0")
+    c = nb.claim_rows("ch04a", "RL gains on every harness", "§4.2", {"h1": clear, "h2": [-0.1, 0.2, 0.1, 0.0, 0.1]},
+                      report="Table 7", why="w", row_name="harness")
+    assert c.verdict == "not shown at toy scale" and c.seeds == 5
+    assert c.measured.startswith("1 of 2 harnesses hold, 0 do not") and c.agree == "1 of 2 harnesses on every seed"
+
+
+def test_a_paired_claim_record_keeps_its_interval_for_chapter_8(monkeypatch):
+    import json
+
+    from scipy import stats
+
+    monkeypatch.setenv("MIMO_KIT_QUICK", "0")
+    d = [0.3, 0.2, 0.25, 0.35, 0.3]
+    c = nb.claim_paired("ch05a", "x", "§4.3", d, report="r", why="w")
+    assert c.stats["mean"] == pytest.approx(0.28) and c.stats["sd"] == pytest.approx(stats.tstd(d))
+    assert c.stats["low"] < 0.28 < c.stats["high"] and c.stats["p_sign"] == pytest.approx(1 / 32)
+    assert json.loads(json.dumps(dataclasses.asdict(c), allow_nan=False))["stats"] == c.stats
+    from mimo_kit.claims import judge_paired
+
+    assert judge_paired([0.1]).stats()["low"] is None  # one seed: no interval, and none in the record

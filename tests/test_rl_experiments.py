@@ -13,8 +13,10 @@ from mimo_kit.train import experiments as ex
 # ---- the seeds knob --------------------------------------------------------------------------------------------
 
 
-def test_default_seeds_are_three():
-    assert ex.CompareConfig.preset("tiny").seeds == (0, 1, 2)
+def test_default_seeds_are_enough_for_a_paired_claim():
+    from mimo_kit.claims import MIN_PAIRED_SEEDS
+
+    assert len(ex.CompareConfig.preset("tiny").seeds) == MIN_PAIRED_SEEDS
 
 
 @pytest.mark.parametrize("bad, named", [("[]", "empty"), ("[0, 1, 1]", "seed 1 appears more than once"),
@@ -80,6 +82,26 @@ def test_agreement_counts_seeds_and_compares_means():
     assert ex.summary_rows(res, {"x": "x"})["b"] == {"x": "3 ± 1", "seeds": 3}
     assert ex.mean_sd(ex.spread([60000, 62000])) == "61,000 ± 1,414"
     assert ex.mean_sd(ex.spread([None])) == "n/a"
+
+
+def test_paired_differences_per_seed_and_late_means_from_history():
+    res = _result({"a": [1.0, 5.0, 2.0], "b": [2.0, 3.0, 4.0]})
+    assert ex.paired(res, "x", "a", "b") == [-1.0, 2.0, -2.0]
+    assert ex.paired(res, "", ("a", "x"), ("b", "x")) == [-1.0, 2.0, -2.0]
+    rng = np.random.default_rng(0)
+    res = {"late_frac": 0.25, "arms": {}}
+    for arm in ("a", "b"):  # saved without late_clip_fraction: computed from the history
+        runs = [{"seed": k, "scalars": {}, "history": [{"clip_low": float(lo), "clip_high": float(hi)}
+                                                       for lo, hi in rng.uniform(0, 0.1, (8, 2))]}
+                for k in range(3)]
+        res["arms"][arm] = {"runs": runs}
+    want = [sum(h["clip_low"] + h["clip_high"] for h in ra["history"][6:]) / 2
+            - sum(h["clip_low"] + h["clip_high"] for h in rb["history"][6:]) / 2
+            for ra, rb in zip(res["arms"]["a"]["runs"], res["arms"]["b"]["runs"])]
+    assert ex.paired(res, "late_clip_fraction", "a", "b") == pytest.approx(want)
+    assert ex.step_value({"clip_low": 0.01}, "clip_fraction") is None  # half measured: not measured
+    with pytest.raises(ValueError, match="'a' seed 0 has no finite 'late_entropy'"):
+        ex.paired(res, "late_entropy", "a", "b")
 
 
 def test_seed_band_minmax_and_sd():

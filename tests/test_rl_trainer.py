@@ -536,11 +536,14 @@ def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
             q.reward, q.passed = float(i % 2), bool(i % 2)
     world = RLConfig.preset("toy").make_world()
 
-    def step(k: int, epochs: int = 1, lr: float = 3e-2, **kw) -> dict:
+    def step(k: int, epochs: int = 1, lr: float = 3e-2, eps_high: float | None = None, **kw) -> dict:
         cfg = RLConfig.preset("toy", minibatches=k, epochs=epochs, lr=lr, **kw)
         m = copy.deepcopy(model)
         opt = trainer.build_rl_optimizer(m, cfg)
-        return trainer.train_step(m, opt, samples, cfg, EntropyClipController.from_config(cfg.clip), world)
+        controller = EntropyClipController.from_config(cfg.clip)
+        if eps_high is not None:  # the controller's ε_high in force this step
+            controller.eps_high = eps_high
+        return trainer.train_step(m, opt, samples, cfg, controller, world)
 
     one, four, still = step(1), step(4), step(4, lr=0.0)
     assert one["updates"] == 1 and four["updates"] == 4 and step(2, epochs=2)["updates"] == 4
@@ -549,6 +552,11 @@ def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
     assert four["clip_low"] + four["clip_high"] > 0 and four["ratio_abs_dev"] > 1e-2
     assert four["ratio_max"] > 1 + four["eps_high"] or four["ratio_min"] < 1 - RLConfig().clip.eps_low
     assert still["clip_low"] == still["clip_high"] == 0.0 and still["ratio_abs_dev"] < 1e-5
+    # the upper clip at the ε_high in force against the configured one, on the same ratios
+    assert four["clip_high_fixed"] == pytest.approx(four["clip_high"])
+    narrow, wide = (step(4, eps_high=e, entropy_adaptive=True) for e in (0.01, 0.5))
+    assert narrow["eps_high"] == 0.01 and narrow["clip_high"] > narrow["clip_high_fixed"] > 0
+    assert wide["clip_high"] <= wide["clip_high_fixed"]
     # TIS: π_old is the learner before the step's first update, so the same movement shows against it
     tis = step(4, tis=True)
     assert tis["clip_low"] + tis["clip_high"] > 0 and tis["ratio_abs_dev"] > 1e-2

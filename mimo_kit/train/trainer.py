@@ -760,7 +760,8 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
                            "grs_groups": sum(1 for log in gar_logs if log.get("grader") == "grs"), "updates": 0}
     if not samples:
-        return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, ratio_abs_dev=None,
+        return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, clip_high_fixed=0.0,
+                          ratio_abs_dev=None,
                           ratio_min=None, ratio_max=None, trained_tokens=0, mismatch_abs_dlogp=None,
                           mismatch_k3=None, load_cv=None, load_max_mean=None, load_cold_share=None)
     parts = [make_minibatch([samples[g] for g in mb], [advs[g] for g in mb], cfg, world, d, porter)
@@ -798,6 +799,7 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
         updates=len(updates), loss=statistics.fmean(u["loss"] for u in updates),
         grad_norm=statistics.fmean(u["grad_norm"] for u in updates), entropy=entropy,
         clip_low=mean("clip_low", updates) or 0.0, clip_high=mean("clip_high", updates) or 0.0,
+        clip_high_fixed=mean("clip_high_fixed", updates) or 0.0,
         ratio_abs_dev=mean("ratio_abs_dev", updates), ratio_min=min(u["ratio_min"] for u in updates) if n else None,
         ratio_max=max(u["ratio_max"] for u in updates) if n else None,
         trained_tokens=sum(u["tokens"] for u in first),
@@ -820,7 +822,9 @@ def _global_mean(values: dict[str, float | None], n: int, d: Dist) -> dict[str, 
 
 def ppo_update(model, opt, cfg: RLConfig, eps_high: float, x: LossInputs, *, d: Dist | None = None) -> dict:
     """One optimiser step on one mini-batch: PPO-clip loss, aggregation, backward, clip, step; its metrics, each
-    over every rank's tokens (``tokens``: how many were trained).
+    over every rank's tokens (``tokens``: how many were trained). ``clip_high_fixed`` is the share of the same
+    tokens the upper bound would clip at the configured ε_high (``cfg.clip.eps_high``): beside ``clip_high`` (at the
+    ε_high in force) it measures what the entropy-adjusted clip changes on identical ratios.
 
     π_old is the rollout logprob; with ``tis`` it is the learner's own (``x.old_lp``, or this forward's, detached)
     and each token is weighted by min(π_old/π_rollout, C)."""
@@ -843,11 +847,15 @@ def ppo_update(model, opt, cfg: RLConfig, eps_high: float, x: LossInputs, *, d: 
         ent = float(token_entropy(logits.detach())[mask].mean()) if n else 0.0
         mm = (mismatch_metrics(logp.detach().double(), rollout_lp.double(), mask) if n
               else {"mean_abs_dlogp": 0.0, "k3_kl": 0.0})
-        ratio = torch.exp(logp.detach() - old)[mask]  # r = π_θ / π_old on the trained tokens
+        r_all = torch.exp(logp.detach() - old)  # r = π_θ / π_old, [N, T]
+        adv = x.adv[:, None] if x.adv.dim() == 1 else x.adv
+        at_fixed = float(((r_all > 1 + cfg.clip.eps_high) & (adv > 0) & mask.bool()).sum()) / max(n, 1)
+        ratio = r_all[mask]  # on the trained tokens
         dev = float((ratio - 1).abs().mean()) if n else 0.0
         extremes = torch.tensor([float(ratio.max()) if n else float("-inf"),
                                  -float(ratio.min()) if n else float("-inf")], dtype=torch.float64)
     means = _global_mean({"entropy": ent, "clip_low": stats["clip_low"], "clip_high": stats["clip_high"],
+                          "clip_high_fixed": at_fixed,
                           "mean_abs_dlogp": mm["mean_abs_dlogp"], "k3_kl": mm["k3_kl"], "ratio_abs_dev": dev}, n, d)
     extremes = d.all_reduce_max(extremes)
     return dict(loss=float(d.all_reduce_sum(loss.detach().float()) / d.world_size), grad_norm=to_float(grad_norm),
