@@ -48,9 +48,11 @@ def _config(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mimo_kit.dist import close_distributed, world_from_env
-    from mimo_kit.launch import DISTRIBUTED
+    from mimo_kit.launch import DISTRIBUTED, in_run_folder
 
     exp, cfg = _config(args)
+    if args.out:  # the folder named: checkpoints and metrics too, unless out_dir was set
+        cfg = in_run_folder(cfg, args.out)
     rank, world, _ = world_from_env()
     if world > 1 and exp.name not in DISTRIBUTED:
         raise ConfigError(f"experiment {exp.name!r} runs in one process, but torchrun started {world}; the "
@@ -84,15 +86,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from mimo_kit.launch import launch, prepare
+    from mimo_kit.launch import SlurmOptions, launch, prepare
 
     exp, cfg = _config(args)
+    slurm = SlurmOptions(job_name=args.job_name or f"mimo-kit-{exp.name}", time=args.time,
+                         partition=args.partition, account=args.account, exclusive=not args.shared_nodes,
+                         requeue=not args.no_requeue, chdir=args.chdir, env_setup=args.env_setup,
+                         nccl=tuple(args.nccl) if args.nccl is not None else SlurmOptions.nccl)
+    slurm.check()
     if args.servers < 0 or (args.servers and exp.name != "rl"):
         raise ConfigError(f"launch: --servers {args.servers}; expected 0, or a number of engines for the rl "
                           f"experiment (not {exp.name!r})")
     if args.dry_run:  # the scripts only; sbatch.sh puts the servers on nodes of their own
         prep = prepare(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=args.out,
-                       servers=args.servers)
+                       servers=args.servers, slurm=slurm)
         print(prep.show())
         return 0
     folder = Path(args.out or f"runs/{exp.name}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -105,7 +112,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             except ValueError as err:
                 raise ConfigError(f"launch: {err}") from err
         done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=folder,
-                      timeout=args.timeout)
+                      timeout=args.timeout, slurm=slurm)
     print(f"result → {Path(done['folder']) / 'result.json'}")
     return 0
 
@@ -244,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", default="tiny", help=f"a scale knob ({', '.join(PRESET_NAMES)}) or a preset of the "
                    "experiment's own config (`mimo-kit list`; e.g. rl --preset toy)")
     r.add_argument("--config", help="a YAML config file (instead of the preset)")
-    r.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP)")
+    r.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP); when named, it also holds the "
+                   "run's checkpoints and metrics unless out_dir is set")
     r.add_argument("overrides", nargs="*", metavar="key=value")
     r.set_defaults(fn=cmd_run)
 
@@ -256,11 +264,25 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--dry-run", action="store_true", help="write the YAML and print the commands, run nothing")
     la.add_argument("--preset", default="tiny", help="a scale knob or a preset of the experiment's own config")
     la.add_argument("--config", help="a YAML config file (instead of the preset)")
-    la.add_argument("--out", help="run folder (default runs/EXPERIMENT/launch-TIMESTAMP)")
+    la.add_argument("--out", help="run folder, checkpoints and metrics included unless out_dir is set (default "
+                    "runs/EXPERIMENT/launch-TIMESTAMP)")
     la.add_argument("--timeout", type=float, default=None, help="seconds before a local run is killed")
     la.add_argument("--servers", type=int, default=0, help="rl: start this many mimo-kit serve engines on loopback "
                     "and train with them (engine_url, weight_sync=dist); stopped when the run ends. With --dry-run: "
                     "sbatch.sh runs them on nodes of their own")
+    slurm = la.add_argument_group("cluster options of sbatch.sh (written with every launch)")
+    slurm.add_argument("--job-name", default="", help="Slurm job name (default mimo-kit-EXPERIMENT)")
+    slurm.add_argument("--time", default="24:00:00", help="Slurm time limit, [D-]HH:MM:SS")
+    slurm.add_argument("--partition", default="", help="Slurm partition (default: the cluster's)")
+    slurm.add_argument("--account", default="", help="Slurm account (default: the user's)")
+    slurm.add_argument("--shared-nodes", action="store_true", help="do not ask for whole nodes (--exclusive)")
+    slurm.add_argument("--no-requeue", action="store_true", help="do not let Slurm requeue the job")
+    slurm.add_argument("--chdir", default="", help="the job's directory on a filesystem every node shares "
+                       "(default: this one, absolute)")
+    slurm.add_argument("--env-setup", default="", help="a shell line run before the job, e.g. 'source "
+                       "/shared/venv/bin/activate' (default: activate this Python's venv)")
+    slurm.add_argument("--nccl", action="append", metavar="KEY=VALUE", help="an NCCL / torch setting exported "
+                       "on every node, repeatable (default NCCL_DEBUG=WARN, TORCH_NCCL_ASYNC_ERROR_HANDLING=1)")
     la.add_argument("overrides", nargs="*", metavar="key=value")
     la.set_defaults(fn=cmd_launch)
 

@@ -9,8 +9,13 @@ it, the same run three ways, all reading that one YAML:
   rendezvous (no fixed node ranks) gathers N·P processes, and the loop reads ``RANK``/``WORLD_SIZE`` and shards
   the model with FSDP2 (:mod:`mimo_kit.dist`);
 - ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
-  rendezvous on the first node of the allocation;
-- ``ray_job.sh``: ``ray job submit`` of the same entrypoint to a Ray cluster (the head's dashboard address).
+  rendezvous on the first node of the allocation; job name, time, partition, account, whole nodes, requeue, the
+  environment and NCCL settings from :class:`SlurmOptions`, every path absolute;
+- ``ray_job.sh``: ``ray job submit`` of the same entrypoint, one node, to the cluster at ``$RAY_ADDRESS`` (a
+  multi-node Ray job is refused: ``sbatch.sh`` or ``torchrun.sh`` start one agent per node).
+
+A config whose ``out_dir`` is left at its default writes its checkpoints and metrics into the run folder
+(:func:`in_run_folder`), so two launches of one experiment never share a checkpoint folder.
 
 With ``servers`` = E (RL, Report §6) ``sbatch.sh`` asks for E more nodes and runs one ``mimo-kit serve`` engine
 on each before the learners start, and ``ray_job.sh`` submits ``mimo-kit launch rl --servers E``.
@@ -56,6 +61,16 @@ def shell_command(experiment: str, cfg: Config, preset: str = "tiny") -> str:
     return shlex.join(["mimo-kit", "run", experiment, "--preset", preset, *args])
 
 
+def in_run_folder(cfg: Config, folder: str | Path) -> Config:
+    """The config with its ``out_dir`` (checkpoints, metrics, the SFT warm start) moved under the run folder when it
+    is still the field's default, so two runs of one experiment never share, resume or clash over one checkpoint
+    folder; an ``out_dir`` the user set is kept. Configs without ``out_dir`` are returned as they are."""
+    field = {f.name: f for f in dataclasses.fields(cfg)}.get("out_dir")
+    if field is None or cfg.out_dir != field.default:
+        return cfg
+    return cfg.override({"out_dir": str(folder)})
+
+
 def _check_shape(nnodes: int, nproc_per_node: int) -> None:
     if nproc_per_node < 1 or nnodes < 1:
         raise ConfigError(f"launch: nproc_per_node={nproc_per_node}, nnodes={nnodes}; expected >= 1")
@@ -85,10 +100,71 @@ def torchrun_command(experiment: str, cfg: Config | str | Path, preset: str = "t
 SERVER_WAIT_S = 600
 
 
+@dataclasses.dataclass(frozen=True)
+class SlurmOptions:
+    """What a cluster asks of a batch script beyond the shape of the job (``mimo-kit launch --partition ...``).
+
+    Multi-node runs need a filesystem every node shares at the same path: the script changes to ``chdir`` (the
+    directory ``prepare`` ran in, absolute) and every node reads the one ``config.yaml`` and writes into the one run
+    folder. ``requeue`` with ``signal_s``: Slurm warns the job that many seconds before its time limit and may
+    requeue it; the run resumes from its last checkpoint in the run folder."""
+
+    job_name: str = "mimo-kit"
+    time: str = "24:00:00"  # Slurm's [D-]HH:MM:SS
+    partition: str = ""  # "" = the cluster's default
+    account: str = ""  # "" = the user's default
+    exclusive: bool = True  # whole nodes: torchrun's workers expect every core and GPU of a node
+    requeue: bool = True
+    signal_s: int = 120  # SIGTERM to the job this long before the time limit (0 = none)
+    chdir: str = ""  # "" = the current directory, made absolute
+    env_setup: str = ""  # a line run before the job, e.g. "source /shared/venv/bin/activate"; "" = the venv of
+    #                      the Python that wrote the script, when it is one
+    nccl: tuple[str, ...] = ("NCCL_DEBUG=WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1")  # KEY=VALUE exported
+
+    def check(self) -> None:
+        import re
+
+        if not re.fullmatch(r"[A-Za-z0-9._-]+", self.job_name):
+            raise ConfigError(f"launch: job name {self.job_name!r}; expected letters, digits, '.', '_' or '-'")
+        if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}:\d{2}", self.time):
+            raise ConfigError(f"launch: time {self.time!r}; expected Slurm's [D-]HH:MM:SS, e.g. 24:00:00 or 2-00:00:00")
+        for name, value in (("partition", self.partition), ("account", self.account)):
+            if value and not re.fullmatch(r"[A-Za-z0-9._,-]+", value):
+                raise ConfigError(f"launch: {name} {value!r}; expected a Slurm {name} name")
+        if self.signal_s < 0:
+            raise ConfigError(f"launch: signal_s={self.signal_s}; expected seconds >= 0")
+        for kv in self.nccl:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", kv):
+                raise ConfigError(f"launch: NCCL setting {kv!r}; expected KEY=VALUE, e.g. NCCL_IB_HCA=mlx5")
+
+    def directory(self) -> Path:
+        return Path(self.chdir or os.getcwd()).absolute()
+
+    def setup_line(self) -> str:
+        if self.env_setup:
+            return self.env_setup
+        activate = Path(sys.prefix) / "bin" / "activate"
+        return f"source {shlex.quote(str(activate))}" if sys.prefix != sys.base_prefix and activate.is_file() else ""
+
+    def directives(self) -> list[str]:
+        out = [f"#SBATCH --job-name={self.job_name}", f"#SBATCH --time={self.time}",
+               f"#SBATCH --chdir={self.directory()}"]
+        out += [f"#SBATCH --partition={self.partition}"] * bool(self.partition)
+        out += [f"#SBATCH --account={self.account}"] * bool(self.account)
+        out += ["#SBATCH --exclusive"] * self.exclusive
+        out += ["#SBATCH --requeue"] * self.requeue
+        out += [f"#SBATCH --signal=B:TERM@{self.signal_s}"] * bool(self.signal_s)
+        return out
+
+
 def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, nnodes: int, nproc_per_node: int,
-                  servers: int = 0, server_port: int = 30000, job_name: str = "mimo-kit",
-                  time_limit: str = "24:00:00", port: int = 29500) -> str:
+                  servers: int = 0, server_port: int = 30000, port: int = 29500,
+                  slurm: SlurmOptions | None = None) -> str:
     """A Slurm batch script: N learner nodes, one ``torchrun`` agent per node (``srun``), rendezvous on the first.
+
+    ``slurm``: job name, time, partition, account, whole nodes, requeue, the environment and NCCL settings
+    (:class:`SlurmOptions`). Paths in the script are absolute (relative ones are taken from ``slurm.chdir``), and
+    ``srun`` hands each task the job's ``--cpus-per-task`` (Slurm 22.05+ no longer passes it on by itself).
 
     ``servers`` = E (RL, Report §6: engines on their own nodes): the allocation has E more nodes, each runs one
     ``mimo-kit serve`` of the run's policy (``--rl-config``, port ``server_port`` + i, its log in the run folder);
@@ -99,19 +175,28 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
     if servers < 0 or (servers and experiment != "rl"):
         raise ConfigError(f"launch: servers={servers}; expected 0, or a number of engines for the rl experiment "
                           f"(not {experiment!r})")
+    slurm = slurm or SlurmOptions()
+    slurm.check()
+    root = slurm.directory()
+    config_yaml, out = root / config_yaml, root / out  # an absolute path stays as it is
     line = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=nnodes,
                             rdzv_endpoint=f"$MASTER_ADDR:{port}", rdzv_id="$SLURM_JOB_ID", out=out, rendezvous=True)
     q = shlex.quote
+    setup = slurm.setup_line()
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={job_name}",
         f"#SBATCH --nodes={nnodes + servers}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={nproc_per_node}",
         f"#SBATCH --cpus-per-task={8 * nproc_per_node}",
-        f"#SBATCH --time={time_limit}",
-        f"#SBATCH --output={Path(out) / 'slurm-%j.out'}",
+        *slurm.directives(),
+        f"#SBATCH --output={out / 'slurm-%j.out'}",
+        "# every node must see this directory, the config and the run folder at the same paths (a shared filesystem)",
         "set -euo pipefail",
+        *([setup] if setup else []),
+        "# srun hands each task the job's cores (Slurm 22.05-23.02 gave one unless told)",
+        'if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi',
+        *(f"export {kv}" for kv in slurm.nccl),
         'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
         "# the rendezvous host: the first node of the allocation",
         "export MASTER_ADDR=${NODES[0]}",
@@ -128,7 +213,7 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
         f"  node=${{NODES[$(({nnodes} + i))]}}; port=$(({server_port} + i))",
         "  srun --nodes=1 --ntasks=1 --nodelist=\"$node\" python -m mimo_kit.cli serve "
         f"--rl-config {q(str(config_yaml))} --host \"$node\" --allow-remote --port \"$port\" "
-        f"> {q(str(Path(out)))}/server-$i.log 2>&1 &",
+        f"> {q(str(out))}/server-$i.log 2>&1 &",
         '  URLS+=("http://$node:$port")',
         "done",
         "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the servers end with the job script",
@@ -147,18 +232,28 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
 
 
 def ray_job_command(experiment: str, config_yaml: str | Path, out: str | Path, *, nproc_per_node: int = 1,
-                    address: str = "http://$RAY_HEAD:8265", servers: int = 0) -> str:
-    """``ray job submit`` of the run's entrypoint to a Ray cluster (the head's dashboard at ``address``).
+                    nnodes: int = 1, servers: int = 0, chdir: str | Path | None = None) -> str:
+    """``ray job submit`` of the run's entrypoint to the Ray cluster at ``$RAY_ADDRESS`` (Ray's own variable).
 
-    ``servers`` = E (RL): the entrypoint is ``mimo-kit launch rl --servers E``, which starts the E engine servers
-    beside the learner on the job's node (a GPU each) and stops them after the run."""
+    The job is one node's ``torchrun`` (``nproc_per_node`` GPUs): a multi-node run is refused with the scripts that
+    do start one agent per node (``sbatch.sh``, ``torchrun.sh``). It runs in ``chdir`` (absolute, default the
+    current directory) on the node Ray picks, not in an uploaded copy: Ray's ``--working-dir`` leaves out what
+    ``.gitignore`` names, ``runs/`` with the config among it, and the outputs would land in a temporary copy. So
+    the node must see the project at the same path (a shared filesystem). ``servers`` = E (RL): the entrypoint is
+    ``mimo-kit launch rl --servers E``, which starts the E engine servers beside the learner (a GPU each) and stops
+    them after the run."""
+    if nnodes > 1:
+        raise ConfigError(f"launch: a Ray job of {nnodes} nodes; ray_job.sh starts one node's torchrun. Run "
+                          "sbatch.sh, or torchrun.sh on every node, for a multi-node job")
+    root = Path(chdir or os.getcwd()).absolute()
+    config_yaml, out = root / config_yaml, root / out
     if servers:
         entry = shlex.join(["python", "-m", "mimo_kit.cli", "launch", experiment, "--config", str(config_yaml),
                             "--nproc-per-node", str(nproc_per_node), "--servers", str(servers), "--out", str(out)])
     else:
         entry = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=1, out=out)
-    return (f"ray job submit --address {address} --working-dir . "
-            f"--entrypoint-num-gpus {nproc_per_node + servers} -- {entry}")
+    return (f"ray job submit --entrypoint-num-gpus {nproc_per_node + servers} -- "
+            f"bash -c {shlex.quote(f'cd {shlex.quote(str(root))} && {entry}')}")
 
 
 @dataclasses.dataclass
@@ -180,11 +275,14 @@ class Prepared:
 
 
 def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
-            folder: str | Path | None = None, rdzv_endpoint: str | None = None, servers: int = 0) -> Prepared:
+            folder: str | Path | None = None, rdzv_endpoint: str | None = None, servers: int = 0,
+            slurm: SlurmOptions | None = None) -> Prepared:
     """Write ``config.yaml``, ``torchrun.sh``, ``sbatch.sh`` and ``ray_job.sh`` into the run folder.
 
     ``folder`` defaults to ``runs/EXPERIMENT/launch-TIMESTAMP``; ``rdzv_endpoint`` to ``$MASTER_ADDR:29500``;
-    ``servers``: engine servers of an RL run, on nodes of their own in the Slurm script (:func:`sbatch_script`).
+    ``servers``: engine servers of an RL run, on nodes of their own in the Slurm script (:func:`sbatch_script`);
+    ``slurm``: the batch script's cluster options (:class:`SlurmOptions`). A multi-node ``ray_job.sh`` says why it
+    does not run and exits 2 (:func:`ray_job_command`).
     """
     from mimo_kit import experiments
 
@@ -199,19 +297,28 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
     out = Path(folder or f"runs/{experiment}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     yaml_path = out / "config.yaml"
+    cfg = in_run_folder(cfg, out)
     cfg.to_yaml(yaml_path)
-    tr = torchrun_command(experiment, yaml_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                          rdzv_endpoint=rdzv_endpoint or "$MASTER_ADDR:29500", out=out)
-    sb = sbatch_script(experiment, yaml_path, out, nnodes=nnodes, nproc_per_node=nproc_per_node, servers=servers)
-    rj = ray_job_command(experiment, yaml_path, out, nproc_per_node=nproc_per_node, servers=servers)
+    slurm = slurm or SlurmOptions()
+    root = slurm.directory()  # every node runs from its own directory: the scripts' paths are absolute
+    tr = torchrun_command(experiment, root / yaml_path, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                          rdzv_endpoint=rdzv_endpoint or "$MASTER_ADDR:29500", out=root / out)
+    sb = sbatch_script(experiment, yaml_path, out, nnodes=nnodes, nproc_per_node=nproc_per_node, servers=servers,
+                       slurm=slurm)
+    try:
+        rj = ray_job_command(experiment, yaml_path, out, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                             servers=servers, chdir=slurm.chdir or None)
+    except ConfigError as err:
+        rj = f"echo {shlex.quote(str(err))} >&2\nexit 2"
     (out / "torchrun.sh").write_text(f"#!/bin/bash\n# run on every node (MASTER_ADDR: the first node)\n{tr}\n")
     (out / "sbatch.sh").write_text(sb)
-    (out / "ray_job.sh").write_text(f"#!/bin/bash\n# RAY_HEAD: the Ray head node\n{rj}\n")
+    (out / "ray_job.sh").write_text(f"#!/bin/bash\n# RAY_ADDRESS: the Ray cluster (e.g. http://HEAD:8265)\n{rj}\n")
     return Prepared(experiment, out, yaml_path, tr, sb, rj, nnodes, nproc_per_node)
 
 
 def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
-           folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False) -> dict:
+           folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
+           slurm: SlurmOptions | None = None) -> dict:
     """Prepare the run and start it here: ``nnodes`` torchrun agents (simulated nodes) on 127.0.0.1.
 
     Each agent is ``python -m torch.distributed.run`` with the run's torchrun arguments and a c10d rendezvous on a
@@ -220,7 +327,7 @@ def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int
     """
     from mimo_kit.dist import free_port
 
-    prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder)
+    prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder, slurm=slurm)
     port = free_port()
     args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"local-{port}",

@@ -89,3 +89,20 @@ def test_duplicate_registration_is_an_error():
     assert experiments.get("dup-test")(ScaleKnobsConfig()) == 1
     with pytest.raises(ConfigError, match="takes a ScaleKnobsConfig"):
         experiments.get("dup-test")(object())
+
+
+def test_a_named_run_folder_holds_the_checkpoints_unless_out_dir_was_set(tmp_path):
+    """Two launches of one experiment never share runs/<experiment>/: --out moves an out_dir left at its default."""
+    from mimo_kit.launch import in_run_folder, prepare
+    from mimo_kit.pretrain import PretrainConfig
+    from mimo_kit.train.experiments import CompareConfig
+    from mimo_kit.train.trainer import RLConfig
+
+    for cfg in (PretrainConfig.preset("tiny"), RLConfig.preset("toy"), CompareConfig.preset("tiny")):
+        assert in_run_folder(cfg, tmp_path / "a").out_dir == str(tmp_path / "a")
+        mine = cfg.override({"out_dir": str(tmp_path / "mine")})
+        assert in_run_folder(mine, tmp_path / "a").out_dir == str(tmp_path / "mine")
+    knobs = ScaleKnobsConfig()
+    assert in_run_folder(knobs, tmp_path) is knobs  # no out_dir: nothing to move
+    a, b = (prepare("pretrain", PretrainConfig.preset("tiny"), folder=tmp_path / k) for k in ("a", "b"))
+    assert {PretrainConfig.from_yaml(p.config).out_dir for p in (a, b)} == {str(tmp_path / "a"), str(tmp_path / "b")}

@@ -1,6 +1,8 @@
 """Device, precision and activation checkpointing knobs of the loops, and the launcher's command lines (one CPU)."""
 
 import re
+import shlex
+import subprocess
 
 import pytest
 import torch
@@ -99,8 +101,65 @@ def test_torchrun_and_sbatch_read_the_same_yaml(tmp_path, capsys):
     sbatch = (tmp_path / "job" / "sbatch.sh").read_text()
     assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --gpus-per-node=8" in sbatch
     assert re.search(rf"srun torchrun .*--config {re.escape(yaml_path)}", sbatch)
-    assert f"--config {yaml_path}" in (tmp_path / "job" / "ray_job.sh").read_text()
+    ray = subprocess.run(["bash", str(tmp_path / "job" / "ray_job.sh")], capture_output=True, text=True)
+    assert ray.returncode == 2 and "sbatch.sh" in ray.stderr  # a 2-node Ray job is refused, not run on one node
     assert RLConfig.from_yaml(yaml_path).steps == 3  # the YAML is the run's config, overrides applied
+
+
+def _directives(script: str) -> dict[str, str]:
+    out = {}
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --"):
+            key, _, value = line[len("#SBATCH --"):].partition("=")
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("nnodes, servers", [(1, 0), (3, 0), (2, 2)])
+def test_generated_cluster_scripts_are_valid_and_absolute(tmp_path, monkeypatch, nnodes, servers):
+    """The scripts a cluster user submits: bash parses them; the directives ask for the nodes, time, partition,
+    account and job name given; every path is absolute (a job's working directory is not the submitter's); srun
+    passes the cores on; the environment and NCCL settings come before the job; the node count reaches torchrun."""
+    from mimo_kit.launch import SlurmOptions
+
+    monkeypatch.chdir(tmp_path)
+    slurm = SlurmOptions(job_name="sft-9b", time="2-00:00:00", partition="gpu", account="proj42",
+                         env_setup="source /shared/venv/bin/activate", nccl=("NCCL_IB_HCA=mlx5", "NCCL_DEBUG=INFO"))
+    prep = prepare("rl", RLConfig(), nnodes=nnodes, nproc_per_node=4, folder="runs/job", servers=servers,
+                   slurm=slurm)  # a relative folder
+    for name in ("sbatch.sh", "torchrun.sh", "ray_job.sh"):
+        assert subprocess.run(["bash", "-n", str(prep.folder / name)]).returncode == 0, name
+    text = (prep.folder / "sbatch.sh").read_text()
+    d = _directives(text)
+    assert d["nodes"] == str(nnodes + servers) and d["job-name"] == "sft-9b" and d["time"] == "2-00:00:00"
+    assert d["partition"] == "gpu" and d["account"] == "proj42" and d["chdir"] == str(tmp_path)
+    assert {"exclusive", "requeue"} <= d.keys() and d["signal"] == "B:TERM@120"
+    assert d["output"] == str(tmp_path / "runs" / "job" / "slurm-%j.out")
+    body = [ln for ln in text.splitlines() if not ln.startswith("#")]
+    assert body.index("source /shared/venv/bin/activate") < next(i for i, ln in enumerate(body) if "srun" in ln)
+    assert "export NCCL_IB_HCA=mlx5" in body and "export NCCL_DEBUG=INFO" in body
+    assert any("SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK" in ln for ln in body)
+    body_tr = [ln for ln in (prep.folder / "torchrun.sh").read_text().splitlines() if not ln.startswith("#")]
+    paths = [tok for ln in body + body_tr for tok in shlex.split(ln, comments=True)
+             if "config.yaml" in tok or "runs/job" in tok]
+    assert paths and all(p.lstrip(">").startswith("/") for p in paths), paths
+    assert f"--nnodes={nnodes}" in text and "--nproc-per-node=4" in text
+    ray = (prep.folder / "ray_job.sh").read_text()
+    if nnodes == 1:
+        assert "ray job submit" in ray and "--working-dir" not in ray and f"cd {tmp_path}" in ray
+    else:
+        assert "exit 2" in ray
+
+
+def test_bad_cluster_options_are_refused_by_name(tmp_path, capsys):
+    from mimo_kit.launch import SlurmOptions
+
+    for bad, named in ((dict(time="3days"), "time '3days'"), (dict(job_name="my job"), "job name 'my job'"),
+                       (dict(partition="gpu;rm"), "partition"), (dict(nccl=("nccl_debug",)), "'nccl_debug'")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            SlurmOptions(**bad).check()
+    assert cli.main(["launch", "pretrain", "--dry-run", "--time", "90min", "--out", str(tmp_path / "j")]) == 2
+    assert "time '90min'" in capsys.readouterr().err
 
 
 def test_launcher_refuses_what_it_cannot_run(tmp_path, capsys):

@@ -90,11 +90,13 @@ def test_mimo_kit_launch_runs_two_nodes_that_meet_through_c10d_on_localhost(tmp_
     from mimo_kit import cli
 
     assert cli.main(["launch", "pretrain", "--nnodes", "2", "--nproc-per-node", "1", "--out", str(tmp_path / "job"),
-                     "steps=2", "eval_every=2", "checkpoint_every=0", "batch=2", "seq_len=32", "corpus_bytes=300000",
-                     f"out_dir={tmp_path / 'run'}", "--timeout", str(TIMEOUT)]) == 0
+                     "steps=2", "eval_every=2", "checkpoint_every=1", "batch=2", "seq_len=32", "corpus_bytes=300000",
+                     "--timeout", str(TIMEOUT)]) == 0
     assert f"result → {tmp_path / 'job' / 'result.json'}" in capsys.readouterr().out
     result = json.loads((tmp_path / "job" / "result.json").read_text())
-    assert result["log"]["step"] == [1, 2] and (tmp_path / "run" / "model.safetensors").is_file()
+    # out_dir left at its default: the checkpoints and the model live in the run folder --out names
+    assert result["log"]["step"] == [1, 2] and (tmp_path / "job" / "model.safetensors").is_file()
+    assert (tmp_path / "job" / "checkpoints" / "latest").is_file()
     assert PretrainConfig.from_yaml(tmp_path / "job" / "config.yaml").steps == 2
     assert json.loads((tmp_path / "job" / "run.json").read_text())["world_size"] == 2
     assert "--rdzv-backend=c10d" in (tmp_path / "job" / "torchrun.sh").read_text()
