@@ -117,6 +117,19 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_runs(args: argparse.Namespace) -> int:
+    from mimo_kit.live import list_runs
+    from mimo_kit.nb import markdown_table
+
+    rows = list_runs(args.root)[: args.last]
+    if not rows:
+        print(f"no live metrics under {args.root}/ (each loop writes RUN/tb/<loop>/ as it trains)")
+        return 0
+    print(markdown_table([{k: r.get(k, "") for k in dict.fromkeys(k for r in rows for k in r)} for r in rows]))
+    print(f"\nwatch them: tensorboard --logdir {args.root}")
+    return 0
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     from mimo_kit.results import publish, publishing
 
@@ -287,6 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     la.set_defaults(fn=cmd_launch)
 
     sub.add_parser("list", help="registered experiments").set_defaults(fn=cmd_list)
+
+    rn = sub.add_parser("runs", help="runs with live metrics (RUN/tb/<loop>/), newest first, with their last values")
+    rn.add_argument("--root", default="runs", help="folder to search (default runs/)")
+    rn.add_argument("--last", type=int, default=20, help="how many to show (default 20)")
+    rn.set_defaults(fn=cmd_runs)
 
     res = sub.add_parser("results", help="publish the newest finished runs into the committed data/ files")
     res.add_argument("names", nargs="*", metavar="EXPERIMENT", help="default: every experiment that publishes")

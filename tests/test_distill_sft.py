@@ -158,6 +158,10 @@ def test_sft_from_a_local_checkpoint_learns_and_reloads(local_model, traces, tmp
     r = run_distill_sft(cfg)
     losses = r["losses"]
     assert len(losses) == 6
+    from mimo_kit.live import read_scalars
+
+    runs = [p.parent for p in (tmp_path / "run" / "trainer" / "runs").rglob("events.out.tfevents.*")]
+    assert runs and [s for s, _ in read_scalars(runs[0])["train/loss"]] == list(range(1, 7))  # TRL's live log
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.1, losses
     assert (r["trainable_params"] < r["params"] / 5) if lora else r["trainable_params"] == r["params"]
     model = AutoModelForCausalLM.from_pretrained(r["model_dir"])  # LoRA was merged: a plain transformers model

@@ -50,6 +50,11 @@ def test_run_writes_a_loadable_model(tmp_path):
     cfg = result.config
     assert result.log["lr"] == [cfg.optim.lr * lr_factor(s, 4, cfg.optim) for s in range(1, 5)]  # the loop's formula
     assert all(n > 0 for n in result.log["grad_norm"])
+    from mimo_kit.live import read_scalars
+
+    tb = read_scalars(tmp_path / "run" / "tb" / "pretrain")  # live metrics beside the log
+    assert tb["loss"] == [(s, pytest.approx(v)) for s, v in zip(result.log["step"], result.log["loss"])]
+    assert [s for s, _ in tb["val_loss"]] == [2, 4]
     model, tok = load_pretrained(tmp_path / "run")
     assert len(tok) == model.config.vocab_size == 512
     x = torch.tensor([tok("def f(x):\n    return x")["input_ids"]])

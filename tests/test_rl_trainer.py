@@ -197,6 +197,11 @@ def test_a_run_carries_the_muown_state_its_sft_saved(tmp_path, sft_file):
                     sft={**SFT.to_dict(), "optimizer": "muown"}))
     saved = torch.load(tmp_path / "sft.pt", weights_only=False)
     assert saved["optimizer"]["matrix_kind"] == "muown" and saved["optimizer"]["parts"]["matrix"]["state"]
+    from mimo_kit.live import read_scalars
+
+    sft_loss = read_scalars(tmp_path / "tb" / "sft")["loss"]  # the warm start's steps, live
+    assert [s for s, _ in sft_loss] == list(range(1, SFT.steps + 1))
+    assert [v for _, v in sft_loss] == pytest.approx(saved["losses"])
     assert any(h["trained_tokens"] and h["grad_norm"] > 0 for h in r["history"])
 
 
@@ -309,6 +314,11 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines, asyn
     # bit for bit: both processes train on cfg.threads torch threads, the same kernels on the same data
     assert strip(resumed["history"]) == strip(ref["history"])
     assert resumed["rl_eval"] == ref["rl_eval"] and resumed["sft_eval"] == ref["sft_eval"]
+    # live metrics: every step once in RUN/tb/rl, the killed process's steps replayed from the record
+    from mimo_kit.live import read_scalars
+
+    tb = read_scalars(run_dir / "tb" / "rl")
+    assert tb["pass_rate"] == [(h["step"], pytest.approx(h["pass_rate"])) for h in resumed["history"]]
 
 
 @pytest.mark.slow

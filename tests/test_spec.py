@@ -214,6 +214,11 @@ def test_drafter_training_lowers_the_loss_and_resumes_exactly(tmp_path):
     resumed = train_drafter(bb, tokens, cfg, out_dir=tmp_path)["log"]
     assert len(first["loss"]) == 3 and resumed["step"] == list(range(1, 7))
     assert resumed["loss"] == full["loss"]  # bit-identical continuation: the same kernels on the same data
+    from mimo_kit.live import read_scalars
+
+    tb = read_scalars(tmp_path / "tb" / "drafter")  # every step once: steps 1-3 replayed on resume
+    assert tb["loss"] == [(s, pytest.approx(v)) for s, v in zip(resumed["step"], resumed["loss"])]
+    assert "acc/1" in tb
     longer = train_drafter(bb, tokens, cfg.override({"steps": 40, "lr": 5e-3}))["log"]
     assert sum(longer["loss"][-5:]) / 5 < sum(longer["loss"][:5]) / 5
 

@@ -254,7 +254,8 @@ def _sft_args(cfg: DistillSFTConfig, out: Path):
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps,
         lr_scheduler_type="constant" if cfg.warmup_steps == 0 else "linear", weight_decay=0.0,
         max_length=cfg.max_length, truncation_mode="keep_start", assistant_only_loss=True, packing=False,
-        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
+        logging_steps=1, save_strategy="no", disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
+        report_to="tensorboard",  # live metrics under RUN/trainer/runs/ (TRL's own writer)
         bf16=cfg.bf16, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=cfg.gradient_checkpointing,
         dataloader_num_workers=0, dataset_num_proc=None,
     )

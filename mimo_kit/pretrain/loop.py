@@ -54,6 +54,7 @@ from mimo_kit.dist import (
     to_float,
     uses_fsdp,
 )
+from mimo_kit.live import LiveLog
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.optim.build import OptimizerSet, build_optimizer, lr_factor
 from mimo_kit.optim.mxfp4 import qat_experts
@@ -279,11 +280,18 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     end = total if stop_after is None else min(total, trainer.step_no + stop_after)
     bar = tqdm(total=total, initial=trainer.step_no, desc=f"pretrain ({cfg.optim.matrix_optimizer})",
                disable=not progress or not trainer.dist.is_main, leave=False)
+    log = trainer.log  # a resumed run's steps so far (from its checkpoint), replayed into RUN/tb/pretrain
+    val = dict(zip(log["val_step"], log["val_loss"]))
+    done = [(s, {k: log[k][i] for k in ("loss", "lr", "grad_norm", "tokens")} | ({"val_loss": val[s]} if s in val
+                                                                                   else {}))
+            for i, s in enumerate(log["step"])]
+    live = LiveLog(out, "pretrain", enabled=trainer.dist.is_main, replay=done if ckpt is not None else None)
     while trainer.step_no < end:
         loss = trainer.train_step()
         step = trainer.step_no
+        live.scalars(step, {k: trainer.log[k][-1] for k in ("loss", "lr", "grad_norm", "tokens")})
         if step % cfg.eval_every == 0 or step == total:
-            trainer.evaluate()
+            live.scalars(step, {"val_loss": trainer.evaluate()})
         if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == total:
             trainer.save_checkpoint(ckpt_dir)
         bar.update(1)
@@ -291,6 +299,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
         for cb in callbacks:
             cb(step, trainer.log)
     bar.close()
+    live.close()
     if trainer.step_no >= total:
         save_final(trainer, out)
     trainer.dist.barrier()

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, knob
 from mimo_kit.dist import autocast, check_device_knobs, resolve_device, resolve_precision
+from mimo_kit.live import LiveLog
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig, context_mask
@@ -199,6 +200,7 @@ def _train(drafter: torch.nn.Module, loss_fn, backbone: MiMoForCausalLM, tokens:
         gen.set_state(state["generator"])
         log, start = state["log"], state["step"]
     n_self = round(cfg.batch * cfg.self_generated_share) if len(pool) else 0
+    live = LiveLog(out_dir, desc, replay=[(s, _live(log, i)) for i, s in enumerate(log["step"])] if start else None)
     for step in tqdm(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
                      total=cfg.steps):
         starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
@@ -214,13 +216,21 @@ def _train(drafter: torch.nn.Module, loss_fn, backbone: MiMoForCausalLM, tokens:
         log["step"].append(step)
         log["loss"].append(loss.item())
         log["acc"].append(acc.tolist())
+        live.scalars(step, _live(log, -1))  # RUN/tb/drafter or RUN/tb/mtp; none without a folder
         if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
             ckpt.parent.mkdir(parents=True, exist_ok=True)
             atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
                          "generator": gen.get_state(), "log": log, "step": step,
                          "config": cfg.to_dict()}, ckpt)
+    live.close()
     drafter.eval()
     return {"drafter": drafter, "log": log}
+
+
+def _live(log: dict[str, list], i: int) -> dict[str, float]:
+    """Step ``i``'s scalars for TensorBoard: the loss and ``acc/k``, draft position k's agreement with the backbone's
+    greedy token."""
+    return {"loss": log["loss"][i], **{f"acc/{k + 1}": a for k, a in enumerate(log["acc"][i])}}
 
 
 def _self_generated_pool(backbone: MiMoForCausalLM, tokens: torch.Tensor, cfg: DraftTrainKnobs) -> torch.Tensor:

@@ -96,7 +96,7 @@ def pad_batch(rows: list[list[int]], masks: list[list[bool]]) -> tuple[torch.Ten
 
 def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: bool = False,
                    data: list | None = None, *, d: Dist | None = None, dtype: torch.dtype = torch.float32,
-                   activation_checkpointing: bool = False, opt=None) -> list[float]:
+                   activation_checkpointing: bool = False, opt=None, live=None) -> list[float]:
     """Train ``model`` in place on expert trajectories ``data`` ((ids, loss mask, info) per trace; default: the toy
     world's expert); returns the loss per step.
 
@@ -104,6 +104,7 @@ def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: 
     normalised by the whole batch's target count N (each rank's sum of token losses / N, × W for FSDP's average),
     so W ranks compute the one-process loss. ``dtype``: the compute dtype (bf16 autocast on fp32 weights).
     ``opt``: the optimiser to step (default: :func:`sft_optimizer`), for a caller that keeps its state.
+    ``live``: a :class:`mimo_kit.live.LiveLog` that gets each step's loss (TensorBoard, ``RUN/tb/sft``).
     """
     if data is None:
         data = expert_dataset(make_tasks(cfg.tasks, seed=10_000 + seed, prefix="sft"), seed, cfg.mix, cfg.retry_prob)
@@ -139,5 +140,7 @@ def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(float(d.all_reduce_sum(loss.detach()) / d.world_size))
+        if live is not None:
+            live.scalars(len(losses), {"loss": losses[-1]})
     model.eval()
     return losses

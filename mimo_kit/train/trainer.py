@@ -115,6 +115,7 @@ from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.porter import DistStore, LocalStore, Manifest, Porter
 from mimo_kit.infra.rollout import RolloutSettings
 from mimo_kit.infra.timeline import Timeline, recording, span
+from mimo_kit.live import LiveLog
 from mimo_kit.model.moe import load_metrics
 from mimo_kit.optim.mxfp4 import qat_experts, quantize_experts_
 from mimo_kit.rl.aggregation import aggregate_loss, row_divisors
@@ -1023,9 +1024,10 @@ def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
         raise ConfigError("RLConfig.sft.optimizer='muown' under torchrun: the kit's Muown steps whole matrices, not "
                           "shards; run SFT in one process (its warm start is cached) or use sft.optimizer='adamw'")
     opt = sft_optimizer(model, cfg.sft)
-    losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress and d.is_main, data=data, d=d,
-                            dtype=resolve_precision(cfg.precision, d.device),
-                            activation_checkpointing=cfg.activation_checkpointing, opt=opt)
+    with LiveLog(out, "sft", enabled=d.is_main) as live:  # RUN/tb/sft
+        losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress and d.is_main, data=data, d=d,
+                                dtype=resolve_precision(cfg.precision, d.device),
+                                activation_checkpointing=cfg.activation_checkpointing, opt=opt, live=live)
     weights = full_state_dict(model)
     if d.is_main:  # Muown's state kept for RL to carry over (Report §5); AdamW's is not needed
         saved = {"key": key, "model": {k: v.cpu() for k, v in weights.items()}, "losses": losses,
@@ -1243,6 +1245,9 @@ def run_rl(cfg: RLConfig) -> dict:
             lines = metrics.read_text().splitlines()[:start] if metrics.exists() else []
             metrics.write_text("".join(line + "\n" for line in lines))
             (out / "timeline.jsonl").unlink(missing_ok=True)
+        live = stack.enter_context(LiveLog(out, "rl", enabled=d.is_main,  # RUN/tb/rl; a resume replays its steps
+                                           replay=[(i + 1, json.loads(x)) for i, x in enumerate(lines)]
+                                           if d.is_main and start else None))
         ahead = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="rollouts")) if cfg.async_steps else None
         for step in progress(range(start, cfg.steps), cfg, d):
             t0 = time.perf_counter()
@@ -1285,6 +1290,7 @@ def run_rl(cfg: RLConfig) -> dict:
                     save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
                 with metrics.open("a") as f:
                     f.write(json.dumps(row) + "\n")
+                live.scalars(step + 1, row)
                 timeline.flush(out / "timeline.jsonl")
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_sharded(ckpt, model, opt, {"step": step + 1, "controller": controller, "sft_eval": sft_eval,
