@@ -30,6 +30,8 @@ REQUIRED = [
     ("nbformat", "nbformat", "notebook files"),
     ("nbconvert", "nbconvert", "HTML pages of executed chapters"),
     ("ipykernel", "ipykernel", "the notebook kernel"),
+    ("scipy", "scipy", "the claims' statistics (sign test, t interval)"),
+    ("tensorboard", "tensorboard", "live metrics of every training loop (RUN/tb/)"),
 ]
 #: Optional: extras and tools; missing ones are reported but do not fail the check.
 OPTIONAL = [
