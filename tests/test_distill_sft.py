@@ -200,3 +200,17 @@ def test_recipe_9b():
     assert "--nnodes=1" in r["launch"]["1x8"] and "--nnodes=4" in r["launch"]["4x8"]
     assert set(r["plans"]) == {"1x8", "4x8"} and all(r["plans"].values())
     DistillSFTConfig.preset("tiny").override(r["overrides"])  # the overrides are valid config values
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_bf16_trains_on_fp32_master_weights(local_model, tmp_path, lora):
+    """bf16=true is bf16 compute, not bf16 weights: a full fine-tune loads fp32 weights for the Trainer to autocast
+    (its gradients and AdamW state follow them); a LoRA run's frozen base may sit in bf16."""
+    import torch
+
+    from mimo_kit.distill.sft import load_student
+
+    cfg = DistillSFTConfig(model=str(local_model), traces=[], bf16=True, lora=lora, out_dir=str(tmp_path))
+    model, _ = load_student(cfg, [])
+    dtypes = {p.dtype for p in model.parameters()}
+    assert dtypes == ({torch.bfloat16} if lora else {torch.float32})

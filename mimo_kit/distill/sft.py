@@ -234,7 +234,10 @@ def load_student(cfg: DistillSFTConfig, traces: list[dict]):
     if not (folder / "config.json").is_file():
         raise ConfigError(f"DistillSFTConfig.model: got {cfg.model!r}, expected {TINY!r} or a local folder "
                           "holding a transformers causal LM (config.json and weights, from save_pretrained)")
-    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
+    # bf16 compute on fp32 master weights (Report §3): the Trainer autocasts to bf16 while the weights, gradients and
+    # AdamW state it trains stay fp32 (a bf16 weight at lr 1e-5 rounds most updates away). A LoRA run trains only
+    # its adapters (fp32, PEFT's default), so its frozen base may sit in bf16 and halve its memory.
+    dtype = torch.bfloat16 if cfg.bf16 and cfg.lora else torch.float32
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     has_tok = any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
     tok = AutoTokenizer.from_pretrained(folder) if has_tok else trace_tokenizer(traces, cfg.vocab_size)
