@@ -214,3 +214,22 @@ def test_bf16_trains_on_fp32_master_weights(local_model, tmp_path, lora):
     model, _ = load_student(cfg, [])
     dtypes = {p.dtype for p in model.parameters()}
     assert dtypes == ({torch.bfloat16} if lora else {torch.float32})
+
+
+def test_under_torchrun_the_trainer_is_configured_to_shard_with_fsdp(tmp_path):
+    """Several processes: accelerate's FSDP2 plugin (full shard, layer units, FSDP's own activation checkpointing)
+    through the Trainer's configuration; one process, or fsdp=off: no FSDP. (accelerate enables FSDP on
+    accelerators only, so the CPU suite checks the configuration; scripts/gpu_check.sh runs it.)"""
+    from mimo_kit.distill.sft import _sft_args, shards
+
+    cfg = DistillSFTConfig(gradient_checkpointing=True, out_dir=str(tmp_path))
+    assert shards(cfg, 2) and not shards(cfg, 1) and not shards(cfg.override({"fsdp": "off"}), 8)
+    assert shards(cfg.override({"fsdp": "full_shard"}), 1)
+    args = _sft_args(cfg.override({"fsdp": "full_shard"}), tmp_path)  # what two processes build, in one
+    assert args.fsdp and args.fsdp_plugin_args["fsdp_version"] == 2
+    assert args.fsdp_config["reshard_after_forward"] is True and args.fsdp_config["activation_checkpointing"]
+    assert not args.gradient_checkpointing  # FSDP checkpoints its units; the Trainer's own would do it twice
+    one = _sft_args(cfg, tmp_path)
+    assert not one.fsdp and one.gradient_checkpointing
+    with pytest.raises(ConfigError, match="'zero3'"):
+        DistillSFTConfig(fsdp="zero3")

@@ -83,12 +83,17 @@ class DistillSFTConfig(Config):
                                    "content already spells the action in its harness's format, and the student "
                                    "must write it once, as the harness reads it in RL")
     gradient_checkpointing: bool = knob(False, "recompute layers in backward: on for the 9B run, off for the toy")
+    fsdp: str = knob("auto", "'auto': FSDP full shard when torchrun starts several processes (a replica of a "
+                     "9B model's fp32 weights, gradients and AdamW state fits no GPU), 'full_shard' always, 'off' "
+                     "never (DDP under torchrun)")
     seed: int = knob(0, "seeds model init and data order")
     out_dir: str = knob("runs/distill-sft", "run folder: tokenizer, model/, loss-token table, loss log")
 
     PRESETS = {"tiny": {}, "small": {"steps": 200}}
 
     def check(self) -> None:  # the model folder is checked when the run loads it (a dry-run may name a remote path)
+        if self.fsdp not in ("auto", "full_shard", "off"):
+            raise ConfigError(f"DistillSFTConfig.fsdp: got {self.fsdp!r}; expected 'auto', 'full_shard' or 'off'")
         if self.lora and not self.lora_targets:
             raise ConfigError("DistillSFTConfig.lora_targets: empty, but lora=true needs modules to adapt")
         bad = [d for d in self.domains if d not in DOMAINS]
@@ -248,18 +253,35 @@ def load_student(cfg: DistillSFTConfig, traces: list[dict]):
     return model, tok
 
 
+def shards(cfg: DistillSFTConfig, world_size: int | None = None) -> bool:
+    """Whether the run trains under FSDP: ``fsdp='full_shard'``, or ``'auto'`` with several processes (torchrun's
+    ``WORLD_SIZE`` when ``world_size`` is not given)."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    return cfg.fsdp == "full_shard" or (cfg.fsdp == "auto" and world > 1)
+
+
 def _sft_args(cfg: DistillSFTConfig, out: Path):
     import torch
     from trl import SFTConfig
 
+    sharded = shards(cfg)
+    # FSDP through the Trainer's own configuration (accelerate's FSDP2 plugin): full shard (parameters resharded
+    # after each forward), one unit per decoder layer (the model's _no_split_modules), bf16 compute on the fp32
+    # weights it shards when bf16=true; checkpointing then wraps those units instead of the Trainer's own.
+    # accelerate turns FSDP on for accelerators only: a multi-process CPU run trains as DDP
+    fsdp = dict(fsdp=True, fsdp_config={"version": 2, "reshard_after_forward": True,
+                                        "activation_checkpointing": cfg.gradient_checkpointing}) if sharded else {}
     return SFTConfig(
-        output_dir=str(out / "trainer"), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
+        **fsdp, output_dir=str(out / "trainer"), max_steps=cfg.steps, per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, warmup_steps=cfg.warmup_steps,
         lr_scheduler_type="constant" if cfg.warmup_steps == 0 else "linear", weight_decay=0.0,
         max_length=cfg.max_length, truncation_mode="keep_start", assistant_only_loss=True, packing=False,
         logging_steps=1, save_strategy="no", disable_tqdm=True, seed=cfg.seed, data_seed=cfg.seed,
         report_to="tensorboard",  # live metrics under RUN/trainer/runs/ (TRL's own writer)
-        bf16=cfg.bf16, use_cpu=not torch.cuda.is_available(), gradient_checkpointing=cfg.gradient_checkpointing,
+        bf16=cfg.bf16, use_cpu=not torch.cuda.is_available(),
+        gradient_checkpointing=cfg.gradient_checkpointing and not sharded,
         dataloader_num_workers=0, dataset_num_proc=None,
     )
 
