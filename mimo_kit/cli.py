@@ -93,7 +93,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
                          partition=args.partition, account=args.account, exclusive=not args.shared_nodes,
                          requeue=not args.no_requeue, chdir=args.chdir, env_setup=args.env_setup,
                          nccl=tuple(args.nccl) if args.nccl is not None else SlurmOptions.nccl)
-    slurm.check()
     if args.servers < 0 or (args.servers and exp.name != "rl"):
         raise ConfigError(f"launch: --servers {args.servers}; expected 0, or a number of engines for the rl "
                           f"experiment (not {exp.name!r})")

@@ -121,7 +121,7 @@ class SlurmOptions:
     #                      the Python that wrote the script, when it is one
     nccl: tuple[str, ...] = ("NCCL_DEBUG=WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1")  # KEY=VALUE exported
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:  # bad options fail where they are made
         import re
 
         if not re.fullmatch(r"[A-Za-z0-9._-]+", self.job_name):
@@ -176,7 +176,6 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
         raise ConfigError(f"launch: servers={servers}; expected 0, or a number of engines for the rl experiment "
                           f"(not {experiment!r})")
     slurm = slurm or SlurmOptions()
-    slurm.check()
     root = slurm.directory()
     config_yaml, out = root / config_yaml, root / out  # an absolute path stays as it is
     line = torchrun_command(experiment, config_yaml, nproc_per_node=nproc_per_node, nnodes=nnodes,

@@ -157,7 +157,7 @@ def test_bad_cluster_options_are_refused_by_name(tmp_path, capsys):
     for bad, named in ((dict(time="3days"), "time '3days'"), (dict(job_name="my job"), "job name 'my job'"),
                        (dict(partition="gpu;rm"), "partition"), (dict(nccl=("nccl_debug",)), "'nccl_debug'")):
         with pytest.raises(ConfigError, match=re.escape(named)):
-            SlurmOptions(**bad).check()
+            SlurmOptions(**bad)
     assert cli.main(["launch", "pretrain", "--dry-run", "--time", "90min", "--out", str(tmp_path / "j")]) == 2
     assert "time '90min'" in capsys.readouterr().err
 

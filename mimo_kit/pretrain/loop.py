@@ -280,30 +280,36 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     end = total if stop_after is None else min(total, trainer.step_no + stop_after)
     bar = tqdm(total=total, initial=trainer.step_no, desc=f"pretrain ({cfg.optim.matrix_optimizer})",
                disable=not progress or not trainer.dist.is_main, leave=False)
-    log = trainer.log  # a resumed run's steps so far (from its checkpoint), replayed into RUN/tb/pretrain
-    val = dict(zip(log["val_step"], log["val_loss"]))
-    done = [(s, {k: log[k][i] for k in ("loss", "lr", "grad_norm", "tokens")} | ({"val_loss": val[s]} if s in val
-                                                                                   else {}))
-            for i, s in enumerate(log["step"])]
-    live = LiveLog(out, "pretrain", enabled=trainer.dist.is_main, replay=done if ckpt is not None else None)
-    while trainer.step_no < end:
-        loss = trainer.train_step()
-        step = trainer.step_no
-        live.scalars(step, {k: trainer.log[k][-1] for k in ("loss", "lr", "grad_norm", "tokens")})
-        if step % cfg.eval_every == 0 or step == total:
-            live.scalars(step, {"val_loss": trainer.evaluate()})
-        if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == total:
-            trainer.save_checkpoint(ckpt_dir)
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.3f}")
-        for cb in callbacks:
-            cb(step, trainer.log)
+    # RUN/tb/pretrain; a resumed run replays the steps its checkpoint's log holds
+    replay = [(s, _live(trainer.log, i)) for i, s in enumerate(trainer.log["step"])] if ckpt is not None else None
+    with LiveLog(out, "pretrain", enabled=trainer.dist.is_main, replay=replay) as live:
+        while trainer.step_no < end:
+            loss = trainer.train_step()
+            step = trainer.step_no
+            if step % cfg.eval_every == 0 or step == total:
+                trainer.evaluate()
+            live.scalars(step, _live(trainer.log, -1))
+            if (cfg.checkpoint_every and step % cfg.checkpoint_every == 0) or step == total:
+                trainer.save_checkpoint(ckpt_dir)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+            for cb in callbacks:
+                cb(step, trainer.log)
     bar.close()
-    live.close()
     if trainer.step_no >= total:
         save_final(trainer, out)
     trainer.dist.barrier()
     return PretrainResult(trainer.model.eval(), trainer.tokenizer, trainer.log, out, cfg, trainer)
+
+
+def _live(log: dict[str, list], i: int) -> dict[str, float]:
+    """Step ``log["step"][i]``'s scalars for TensorBoard: loss, lr, gradient norm, tokens, and the validation loss
+    when that step evaluated."""
+    step = log["step"][i]
+    row = {k: log[k][i] for k in ("loss", "lr", "grad_norm", "tokens")}
+    if step in log["val_step"]:
+        row["val_loss"] = log["val_loss"][log["val_step"].index(step)]
+    return row
 
 
 #: fields a checkpoint may be resumed under with other values: where and how the run computes, not what

@@ -62,11 +62,19 @@ def ppo_clip_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.
     loss = -torch.min(ratio * adv, clipped_ratio * adv)
     with torch.no_grad():
         m = torch.ones_like(ratio, dtype=torch.bool) if mask is None else mask.bool()
-        n = m.sum().clamp(min=1)
-        stats = {"clip_low": float(((ratio < 1 - eps_low) & (adv < 0) & m).sum() / n),
-                 "clip_high": float(((ratio > 1 + eps_high) & (adv > 0) & m).sum() / n),
-                 "ratio_mean": float((ratio * m).sum() / n)}
+        stats = {**clip_shares(ratio, adv, eps_low, eps_high, m),
+                 "ratio_mean": float((ratio * m).sum() / m.sum().clamp(min=1))}
     return loss, stats
+
+
+@torch.no_grad()
+def clip_shares(ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float,
+                mask: torch.Tensor) -> dict[str, float]:
+    """The shares of ``mask``'s tokens the PPO clip holds: ``clip_low`` (r < 1 − ε_low with A < 0) and
+    ``clip_high`` (r > 1 + ε_high with A > 0). ``ratio`` [N, T], ``adv`` broadcastable to it, ``mask`` [N, T] bool."""
+    n = mask.sum().clamp(min=1)
+    return {"clip_low": float(((ratio < 1 - eps_low) & (adv < 0) & mask).sum() / n),
+            "clip_high": float(((ratio > 1 + eps_high) & (adv > 0) & mask).sum() / n)}
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:

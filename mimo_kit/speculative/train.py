@@ -200,29 +200,29 @@ def _train(drafter: torch.nn.Module, loss_fn, backbone: MiMoForCausalLM, tokens:
         gen.set_state(state["generator"])
         log, start = state["log"], state["step"]
     n_self = round(cfg.batch * cfg.self_generated_share) if len(pool) else 0
-    live = LiveLog(out_dir, desc, replay=[(s, _live(log, i)) for i, s in enumerate(log["step"])] if start else None)
-    for step in tqdm(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
-                     total=cfg.steps):
-        starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
-        x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
-                        [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
-        drafter.train()
-        with autocast(device, dtype):
-            loss, acc = loss_fn(drafter, backbone, x.to(device), gen)
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        log["step"].append(step)
-        log["loss"].append(loss.item())
-        log["acc"].append(acc.tolist())
-        live.scalars(step, _live(log, -1))  # RUN/tb/drafter or RUN/tb/mtp; none without a folder
-        if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
-            ckpt.parent.mkdir(parents=True, exist_ok=True)
-            atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
-                         "generator": gen.get_state(), "log": log, "step": step,
-                         "config": cfg.to_dict()}, ckpt)
-    live.close()
+    replay = [(s, _live(log, i)) for i, s in enumerate(log["step"])] if start else None
+    with LiveLog(out_dir, desc, replay=replay) as live:  # RUN/tb/drafter or RUN/tb/mtp; none without a folder
+        for step in tqdm(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
+                         total=cfg.steps):
+            starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
+            x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +
+                            [pool[i] for i in torch.randint(0, len(pool), (n_self,), generator=gen).tolist()]).long()
+            drafter.train()
+            with autocast(device, dtype):
+                loss, acc = loss_fn(drafter, backbone, x.to(device), gen)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+            opt.step()
+            log["step"].append(step)
+            log["loss"].append(loss.item())
+            log["acc"].append(acc.tolist())
+            live.scalars(step, _live(log, -1))
+            if ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps):
+                ckpt.parent.mkdir(parents=True, exist_ok=True)
+                atomic_save({"drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+                             "generator": gen.get_state(), "log": log, "step": step,
+                             "config": cfg.to_dict()}, ckpt)
     drafter.eval()
     return {"drafter": drafter, "log": log}
 

@@ -211,32 +211,31 @@ class Agreement:
         return f"{claim}: not shown at this scale, {counts} agree ({means})"
 
 
+def _seed_values(res: dict, side: str | tuple[str, str], key: str) -> list[float]:
+    """Scalar ``key`` of an arm (or of an ``(arm, scalar)`` pair, as in :func:`agreement`) per seed, in seed order.
+    A ``late_<k>`` scalar the result was saved without is computed from each run's history over its ``late_frac``."""
+    arm, k = side if isinstance(side, tuple) else (side, key)
+    out = []
+    for r in res["arms"][arm]["runs"]:
+        v = r["scalars"].get(k)
+        if v is None and k.startswith("late_"):
+            v = late_mean(r["history"], k[len("late_"):], res["late_frac"])
+        if not _finite(v):
+            raise ValueError(f"comparison {res.get('name', '')!r}: arm {arm!r} seed {r['seed']} has no finite {k!r}")
+        out.append(float(v))
+    return out
+
+
 def paired(res: dict, key: str, favoured: str | tuple[str, str], other: str | tuple[str, str]) -> list[float]:
     """Per-seed differences ``favoured − other`` of scalar ``key``, in seed order: what
-    :func:`mimo_kit.claims.judge_paired` judges (sign them so that > 0 is the report's direction). An arm may be an
-    ``(arm, scalar)`` pair, as in :func:`agreement`. A ``late_<k>`` scalar the result was saved without is computed
-    from each run's history over the result's ``late_frac``."""
-    def values(side):
-        arm, k = side if isinstance(side, tuple) else (side, key)
-        out = []
-        for r in res["arms"][arm]["runs"]:
-            v = r["scalars"].get(k)
-            if v is None and k.startswith("late_"):
-                v = late_mean(r["history"], k[len("late_"):], res["late_frac"])
-            if not _finite(v):
-                raise ValueError(f"paired: {arm!r} seed {r['seed']} has no finite {k!r}")
-            out.append(float(v))
-        return out
-
-    return [a - b for a, b in zip(values(favoured), values(other), strict=True)]
+    :func:`mimo_kit.claims.judge_paired` judges (sign them so that > 0 is the report's direction)."""
+    return [a - b for a, b in zip(_seed_values(res, favoured, key), _seed_values(res, other, key), strict=True)]
 
 
 def versus(res: dict, key: str, a: str, b: str) -> str:
     """``"a m ± sd vs b m ± sd"`` of scalar ``key`` over seeds: the measured numbers beside a paired claim."""
-    def side(arm):
-        return f"{arm} {mean_sd(spread(per_seed(res, arm, key).values()))}"
-
-    return f"{side(a)} vs {side(b)} ({key}, mean ± sd over seeds)"
+    return " vs ".join(f"{arm} {mean_sd(spread(_seed_values(res, arm, key)))}" for arm in (a, b)) + \
+        f" ({key}, mean ± sd over seeds)"
 
 
 def agree_on(lower: dict[int, float], higher: dict[int, float], key: str, lower_name: str,

@@ -132,6 +132,7 @@ from mimo_kit.rl.config import (
 )
 from mimo_kit.rl.losses import (
     EntropyClipController,
+    clip_shares,
     mismatch_metrics,
     ppo_clip_loss,
     token_entropy,
@@ -146,11 +147,11 @@ from mimo_kit.train.toy import pooled
 from mimo_kit.train.toy.repo import RepoWorld, RepoWorldConfig, harness_table
 from mimo_kit.train.toy.world import ToyWorld
 
-#: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
-#: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
 #: Graders of a group's advantages (``RLConfig.advantage``).
 ADVANTAGES = ("grpo", "gar", "grs", "routed")
 
+#: The toy world's run (chapter 5's ablations, the trainer's tests): ``RLConfig.preset("toy")``. A toy step costs
+#: milliseconds of environment time, so it affords 16 prompts, 40 steps and 128 held-out tasks.
 TOY_WORLD: dict[str, Any] = {"world": "toy", "policy": {"hidden_size": 64}, "sft": {"steps": 400}, "steps": 40,
                              "prompts": 16, "lr": 2e-4, "eval_tasks": 128}
 
@@ -850,7 +851,7 @@ def ppo_update(model, opt, cfg: RLConfig, eps_high: float, x: LossInputs, *, d: 
               else {"mean_abs_dlogp": 0.0, "k3_kl": 0.0})
         r_all = torch.exp(logp.detach() - old)  # r = π_θ / π_old, [N, T]
         adv = x.adv[:, None] if x.adv.dim() == 1 else x.adv
-        at_fixed = float(((r_all > 1 + cfg.clip.eps_high) & (adv > 0) & mask.bool()).sum()) / max(n, 1)
+        at_fixed = clip_shares(r_all, adv, cfg.clip.eps_low, cfg.clip.eps_high, mask.bool())["clip_high"]
         ratio = r_all[mask]  # on the trained tokens
         dev = float((ratio - 1).abs().mean()) if n else 0.0
         extremes = torch.tensor([float(ratio.max()) if n else float("-inf"),
@@ -1021,8 +1022,9 @@ def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
             data = world.sft_data(cfg.repo.sft_traces, cfg.seed)
     data = d.broadcast_object(data)
     if cfg.sft.optimizer == "muown" and d.world_size > 1:
-        raise ConfigError("RLConfig.sft.optimizer='muown' under torchrun: the kit's Muown steps whole matrices, not "
-                          "shards; run SFT in one process (its warm start is cached) or use sft.optimizer='adamw'")
+        raise ConfigError("RLConfig.sft.optimizer='muown' under torchrun: the warm start keeps Muown's state for RL "
+                          "from one process, and a sharded run's state is split over the ranks; run SFT in one "
+                          "process (its warm start is cached) or use sft.optimizer='adamw'")
     opt = sft_optimizer(model, cfg.sft)
     with LiveLog(out, "sft", enabled=d.is_main) as live:  # RUN/tb/sft
         losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=cfg.progress and d.is_main, data=data, d=d,
@@ -1222,8 +1224,9 @@ def run_rl(cfg: RLConfig) -> dict:
         opt = build_rl_optimizer(model, cfg)
         if cfg.carry_sft_state:  # Report §5: Muown's row state and moments from SFT
             if d.world_size > 1:
-                raise ConfigError("RLConfig.carry_sft_state=true under torchrun: the kit's Muown steps whole "
-                                  "matrices, not shards; run in one process or set carry_sft_state=false")
+                raise ConfigError("RLConfig.carry_sft_state=true under torchrun: the carried state is one "
+                                  "process's whole tensors, the learner's parameters are shards; run in one process "
+                                  "or set carry_sft_state=false")
             opt.carry_state(torch.load(out / "sft.pt", weights_only=False)["optimizer"])
         porter = Porter(DistStore()) if d.world_size > 1 else None  # payloads in the rendezvous store
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
