@@ -106,9 +106,13 @@ def _optimizer(model: nn.Module, kind: str):
 
 
 def _state_bytes(opt) -> int:
+    """Bytes of the optimiser's state tensors (a sharded state: this rank's shards)."""
+    from torch.distributed.tensor import DTensor
+
     parts = opt.parts.values() if hasattr(opt, "parts") else [opt]
-    return sum(t.untyped_storage().nbytes() for o in parts for state in o.state.values()
-               for t in state.values() if isinstance(t, torch.Tensor))
+    local = [t.to_local() if isinstance(t, DTensor) else t for o in parts for state in o.state.values()
+             for t in state.values() if isinstance(t, torch.Tensor)]
+    return sum(t.untyped_storage().nbytes() if t.dim() == 0 else t.numel() * t.element_size() for t in local)
 
 
 def measure_step(model: nn.Module, batch: int, seq_len: int, *, optimizer: str = "adamw",
@@ -146,3 +150,99 @@ def measure_step(model: nn.Module, batch: int, seq_len: int, *, optimizer: str =
                     layer_saved=per_layer, outside_saved=saved.by_layer.get(OUTSIDE, 0),
                     checkpoint_saved=[ck.by_layer.get(i, 0) for i in range(len(layers))],
                     checkpointed_outside=ck.by_layer.get(OUTSIDE, 0))
+
+
+# ---- FSDP2's unsharded units and the chunked loss: peaks, seen through torch's memory trackers -------------------
+@dataclasses.dataclass
+class MeasuredFSDP:
+    """One rank's bytes in one FSDP2 training step (:func:`measure_fsdp_step`)."""
+
+    weights: int  # this rank's parameter shards
+    gradients: int  # this rank's gradient shards
+    optimizer: int  # this rank's optimiser state
+    unsharded: int  # peak of gathered parameters, unsharded gradients and the collectives' buffers
+    rank: int
+    world: int
+
+
+def measure_fsdp_step(model: nn.Module, batch: int, seq_len: int, *, seed: int = 0) -> MeasuredFSDP:
+    """Shard ``model`` (the kit decoder) with :func:`mimo_kit.dist.shard_model` in the running process group and
+    take one step; every rank calls this.
+
+    The unsharded peak comes from torch's ``FSDPMemTracker`` (``torch.distributed._tools``), which files every
+    allocation under FSDP's categories: gathered parameters, all-gather and reduce-scatter buffers, unsharded
+    gradients. The root's unsharded gradients (the LM head's, from the first backward op on) reach it as plain
+    temporaries, so they are read off the root's parameters, which FSDP2 points at their gathered tensors during
+    the step. The peak is the largest sum over the step of all of them at one moment."""
+    import torch.distributed as dist
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+    from torch.distributed.tensor import DTensor
+
+    from mimo_kit.dist import Dist, shard_model
+
+    inside = {id(p) for p in model.model.layers.parameters()}
+    root = [(mod, name) for mod in model.modules() for name, p in mod.named_parameters(recurse=False)
+            if id(p) not in inside]
+    kinds = (_FSDPRefType.UNSHARDED_PARAM, _FSDPRefType.ALL_GATHER, _FSDPRefType.UNSHARDED_GRAD,
+             _FSDPRefType.REDUCE_SCATTER)
+
+    class Peaks(FSDPMemTracker):
+        peak = 0
+
+        def _update_snap(self, *args, **kwargs):  # every allocation and free passes here
+            super()._update_snap(*args, **kwargs)
+            root_grads = 0
+            for mod, name in root:
+                p = getattr(mod, name)
+                if not isinstance(p, DTensor) and p.grad is not None:
+                    root_grads += p.grad.untyped_storage().nbytes()
+            for snap in self._curr_mem_snap.values():
+                self.peak = max(self.peak, root_grads + sum(snap.get(k, 0) for k in kinds))
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shard_model(model, Dist(rank, world, rank, torch.device("cpu"), group=True))
+    gen = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    ids = torch.randint(0, V, (batch, seq_len), generator=gen)
+    targets = torch.randint(0, V, (batch, seq_len), generator=gen)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    tracker = Peaks(model, opt)
+    with tracker:
+        _loss(model, ids, targets).backward()
+        opt.step()
+    local = [p.to_local() for p in model.parameters()]
+    grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+    return MeasuredFSDP(weights=sum(t.numel() * t.element_size() for t in local),
+                        gradients=sum(t.numel() * t.element_size() for t in grads),
+                        optimizer=_state_bytes(opt), unsharded=tracker.peak, rank=rank, world=world)
+
+
+def measure_loss_head(hidden_size: int, vocab: int, tokens: int, *, chunked: bool, seed: int = 0) -> int:
+    """Peak bytes of the LM head and its loss over one forward and backward on ``tokens`` rows, beyond the inputs
+    (the head's weight, the hidden states), seen by torch's ``MemTracker``; fp32.
+
+    ``chunked=False``: the kit decoder's loss (``lm_head`` → fp32 logits [N, V] → cross-entropy, as
+    :func:`_loss`). ``chunked=True``: TRL's fused LM head (``ChunkedLogProbFunction``, what distill-sft trains
+    with) on the rows copied out of the shifted hidden states. On a CPU TRL folds each tile with torch ops instead
+    of its Triton kernel, which adds a few fp32 temporaries of one tile: small only where the head's gradient
+    dominates (V·H ≫ tile)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from trl.trainer.utils import _CHUNKED_LOGPROB_CHUNK_SIZE, _ChunkedLogProbFunction
+
+    gen = torch.Generator().manual_seed(seed)
+    weight = nn.Parameter(torch.randn(vocab, hidden_size, generator=gen) * 0.02)
+    hidden = torch.randn(tokens + 1, hidden_size, generator=gen).requires_grad_()
+    targets = torch.randint(0, vocab, (tokens,), generator=gen)
+    before = (weight.numel() + hidden.numel()) * 4 + targets.numel() * 8
+    tracker = MemTracker()
+    with tracker:
+        if chunked:
+            rows = hidden[:-1][targets >= 0]  # TRL's GPU path scores the labelled rows: a copy
+            out = _ChunkedLogProbFunction.apply(rows, weight, None, targets, 1.0, _CHUNKED_LOGPROB_CHUNK_SIZE, None,
+                                                1.0, ("log_probs", "entropy", "is_top1"))
+            loss = out[0].sum().neg()
+        else:
+            loss = F.cross_entropy(F.linear(hidden[:-1], weight).float(), targets)
+        loss.backward()
+    peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    return peak - before

@@ -27,9 +27,13 @@ LoRA (``lora``)    P·c + A·(c + m)      A·g                S(A)       (the ba
 - Muown (``optimizer="muown"``, :mod:`mimo_kit.optim.muown`) keeps, per hidden matrix [..., m, n], a momentum
   [..., m, n], the row norms g [..., m] and their two Adam moments: s·(P_mat + 3·rows) + 4·n_mat; the rest
   stays AdamW.
-- FSDP shards parameters, gradients and state over the W GPUs; the unit being computed is all-gathered in the
-  compute dtype and its gradient exists unsharded until the reduce-scatter: U = the largest FSDP unit (a decoder
-  layer, the embedding, or the LM head with the final norm), ``fsdp_gathered_units`` of them at once.
+- FSDP shards parameters, gradients and state over the W GPUs. FSDP2's root unit (embedding, final norm, LM
+  head: everything outside the decoder layers, in the kit's :func:`~mimo_kit.dist.shard_model` as under
+  accelerate) stays gathered from its forward to the end of backward; a decoder layer is gathered while it
+  runs, with the next one prefetched (``fsdp_gathered_units`` = 2), and its unsharded gradient lives until its
+  reduce-scatter, which overlaps the next layer's backward. Gathers and unsharded gradients are fp32 in the
+  kit (no MixedPrecisionPolicy) and bf16 under accelerate's bf16 policy (``fsdp_unit_dtype``); the peak
+  (:func:`fsdp_unsharded_bytes`) is measured exactly by ``tests/test_plan.py`` on two CPU ranks.
 - LoRA freezes the base in the compute dtype; each adapted linear [out, in] gets A [r, in] and B [out, r]
   (r·(in + out) parameters; an expert stack [E, out, in] gets E of them) that train like full weights (AdamW).
 
@@ -68,9 +72,11 @@ H hidden, h query heads of dim D, values of dim Dᵥ, KV key/value heads, I FFN 
 each layer's input a·N·H and, during backward, one layer's full activations while it is recomputed:
 L·a·N·H + max_layer(saved) + the parts outside the layers.
 
-**Logits.** The logits [B, T, V] in fp32 are the largest single tensors of a step: the fp32 logits, the
-log-softmax the loss saves and its gradient live together at the start of backward (``logits_buffers`` = 3):
-logits_buffers · 4·N·V. (The activations row above leaves the loss's log-softmax to this row.)
+**Logits and loss** (``loss``). The kit decoder's loops compute cross-entropy on the full logits [B, T, V] in
+fp32: the logits, the log-softmax the loss saves and its gradient live together at the start of backward
+(``logits_buffers`` = 3): logits_buffers · 4·N·V. (The activations row above leaves the loss's log-softmax to
+this row.) distill-sft trains through TRL's fused LM head, which scores tiles of the logits and never holds
+them all (:func:`chunked_loss_bytes`): at 32K tokens and a 248K vocabulary that is ~5 GiB instead of ~91 GiB.
 
 **What is around the tensors**: the CUDA context and the library workspaces outside torch's allocator
 (``cuda_context_gib``) and the caching allocator's fragmentation (``fragmentation``, a share of the tensors).
@@ -124,10 +130,21 @@ class PlanConfig(Config):
                                    "allocator: ~1-2 GiB per Hopper GPU in multi-node jobs", min=0.0)
     fragmentation: float = knob(0.10, "caching-allocator fragmentation and short-lived buffers, as a share of "
                                 "the tensors' bytes: a common safety margin", min=0.0, max=1.0)
-    logits_buffers: int = knob(3, "fp32 [B, T, V] tensors alive at the start of backward: the logits, the "
-                               "log-softmax the loss saves, its gradient (a fused chunked loss needs ~0)", min=0)
-    fsdp_gathered_units: int = knob(1, "unsharded FSDP units held at once; forward/backward prefetch makes it 2",
-                                    min=1)
+    loss: Literal["auto", "logits", "chunked"] = knob(
+        "auto", "the loss path: 'logits' (the kit decoder's cross-entropy on fp32 [B, T, V] logits), 'chunked' "
+        "(TRL's fused LM head, what distill-sft trains with: tiles of the logits, never all of them); auto: the "
+        "path the model's training code takes")
+    logits_buffers: int = knob(3, "loss='logits': fp32 [B, T, V] tensors alive at the start of backward: the "
+                               "logits, the log-softmax the loss saves, its gradient", min=0)
+    loss_tile_tokens: int = knob(4096, "loss='chunked': tokens per LM-head tile (TRL's TOKEN_CHUNK_SIZE)", min=1)
+    loss_tile_vocab: int = knob(32768, "loss='chunked': vocabulary entries per tile (TRL's "
+                                "_CHUNKED_LOGPROB_CHUNK_SIZE)", min=1)
+    fsdp_gathered_units: int = knob(2, "decoder-layer FSDP units gathered at once: the one computing and the one "
+                                    "FSDP2 prefetches next (forward and backward prefetch, depth 1)", min=1)
+    fsdp_unit_dtype: Literal["auto", "compute", "fp32"] = knob(
+        "auto", "dtype of gathered units and their unsharded gradients: 'compute' under a MixedPrecisionPolicy "
+        "(accelerate sets bf16 param and reduce dtypes), 'fp32' without one (the kit's shard_model sets none); "
+        "auto: what the model's training code does")
 
     PRESETS = {name: {"model": name} for name in MODELS}
 
@@ -163,7 +180,8 @@ class Shape:
     config: Any  # MiMoConfig or transformers' Qwen3_5TextConfig
     params: int
     tensors: int
-    units: dict[str, int]  # FSDP unit → parameters (each decoder layer, the embedding, the LM head + final norm)
+    units: dict[str, int]  # FSDP unit → parameters: "layer i" each decoder layer, ROOT everything else
+    head: int  # parameters of the LM head and the final norm (their gradients exist from the start of backward)
     matrix_params: int  # Muown's hidden matrices (mimo_kit.optim.grouping)
     matrix_rows: int
     matrix_tensors: int
@@ -183,11 +201,14 @@ class Shape:
         return self.config.num_hidden_layers
 
 
+#: FSDP2's root unit in the kit (:func:`mimo_kit.dist.shard_model`) and under accelerate: every parameter outside the
+#: decoder layers
+ROOT = "root (embedding, final norm, LM head)"
+
+
 def _unit(name: str) -> str:
     parts = name.split(".")
-    if parts[:2] == ["model", "layers"]:
-        return f"layer {parts[2]}"
-    return "embedding" if "embed_tokens" in name else "LM head + final norm"
+    return f"layer {parts[2]}" if parts[:2] == ["model", "layers"] else ROOT
 
 
 def _is_matrix(name: str, p: Any) -> bool:
@@ -201,7 +222,7 @@ def _is_matrix(name: str, p: Any) -> bool:
 
 def _shape_of(name: str, family: str, config: Any, model: Any, vision_params: int = 0) -> Shape:
     seen: set[int] = set()
-    params = tensors = m_params = m_rows = m_tensors = 0
+    params = tensors = m_params = m_rows = m_tensors = head = 0
     units: dict[str, int] = {}
     sites = []
     for pname, p in model.named_parameters():
@@ -210,6 +231,8 @@ def _shape_of(name: str, family: str, config: Any, model: Any, vision_params: in
         seen.add(id(p))
         params, tensors = params + p.numel(), tensors + 1
         units[_unit(pname)] = units.get(_unit(pname), 0) + p.numel()
+        if pname.startswith("lm_head.") or pname == "model.norm.weight":
+            head += p.numel()
         if _is_matrix(pname, p):
             m_params, m_rows, m_tensors = m_params + p.numel(), m_rows + p.numel() // p.shape[-1], m_tensors + 1
         parts = pname.split(".")
@@ -218,7 +241,9 @@ def _shape_of(name: str, family: str, config: Any, model: Any, vision_params: in
             sites.append(Site(parts[-2], layer, p.shape[1], p.shape[0], 1, False))
         elif p.dim() == 3 and parts[-2] == "experts":  # [E, out, in]
             sites.append(Site("experts", layer, p.shape[2], p.shape[1], p.shape[0], True))
-    return Shape(name, family, config, params, tensors, units, m_params, m_rows, m_tensors, tuple(sites),
+    if getattr(config, "tie_word_embeddings", False):  # the head is the embedding: its gradient starts at once
+        head += config.vocab_size * config.hidden_size
+    return Shape(name, family, config, params, tensors, units, head, m_params, m_rows, m_tensors, tuple(sites),
                  vision_params)
 
 
@@ -230,7 +255,7 @@ def _named_shape(name: str) -> Shape:
         from mimo_kit import cache
         from mimo_kit.model.qwen import qwen35_9b_config, qwen35_9b_parameters, text_model_on_meta
 
-        key = {"model": name, "transformers": transformers.__version__}
+        key = {"model": name, "transformers": transformers.__version__, "units": ROOT}
         shape = cache.lookup("model-shape", key)
         if shape is None:
             text = qwen35_9b_config().text_config
@@ -382,6 +407,64 @@ def loss_saved(shape: Shape, B: int, T: int) -> int:
     return 4 * N * shape.vocab + 8 * N
 
 
+# ---- the loss path and FSDP's unsharded units -------------------------------------------------------------------
+def loss_path(cfg: PlanConfig, shape: Shape) -> str:
+    """``cfg.loss``, with ``auto`` resolved to the path the model's training code takes: the kit decoder's loops
+    compute cross-entropy on full fp32 logits; distill-sft (Qwen3.5) trains through TRL's fused LM head."""
+    if cfg.loss != "auto":
+        return cfg.loss
+    return "logits" if shape.family == "mimo" else "chunked"
+
+
+def fsdp_dtype(cfg: PlanConfig, shape: Shape) -> str:
+    """``cfg.fsdp_unit_dtype`` resolved: the kit's :func:`~mimo_kit.dist.shard_model` sets no MixedPrecisionPolicy
+    (units gather as the fp32 parameters); accelerate's FSDP2 plugin sets param and reduce dtype to the compute
+    dtype when the Trainer runs in bf16."""
+    if cfg.fsdp_unit_dtype != "auto":
+        return cfg.fsdp_unit_dtype
+    return "fp32" if shape.family == "mimo" or cfg.precision == "fp32" else "compute"
+
+
+def chunked_loss_bytes(shape: Shape, N: int, c: int, a: int, mixed: bool, tile_tokens: int, tile_vocab: int) -> int:
+    """Peak bytes of TRL's fused LM head (``trl.kernels.chunked_logprob.ChunkedLogProbFunction``) on N tokens,
+    beyond the head's own gradient (counted with the gradients, or with FSDP's unsharded root).
+
+    Forward keeps the scored rows of the head's input (a·N·H, copied out of the shifted hidden states) and seven
+    fp32 per-token running statistics, two of them (log Z, entropy) saved; one [n, v] tile in the compute dtype,
+    n = min(N, tile_tokens), v = min(V, tile_vocab). Backward recomputes each tile into one such buffer and
+    accumulates the input's gradient in fp32 (4·N·H); in bf16 it also accumulates the head's gradient in an fp32
+    buffer [V, H] before casting both to the compute dtype:
+
+        bytes = a·N·H + 4·N·H + c·n·v + 36·N  (+ 4·V·H + a·N·H in bf16)
+    """
+    H, V = shape.hidden, shape.vocab
+    out = a * N * H + 4 * N * H + c * min(N, tile_tokens) * min(V, tile_vocab) + 36 * N
+    return out + (4 * V * H + a * N * H if mixed else 0)
+
+
+def fsdp_unsharded_bytes(shape: Shape, cg: int, gathered_units: int) -> tuple[int, str]:
+    """Peak bytes of FSDP2's unsharded parameters and gradients (cg bytes each) beyond the shards → (bytes, when).
+
+    FSDP2 never reshards the root (embedding, final norm, LM head: R parameters) after forward: it stays gathered
+    through backward, and the head's gradients (H_h parameters) exist from the first backward op until the root's
+    reduce-scatter at the end. Backward through decoder layer i holds layer i and the p = gathered_units − 1 layers
+    prefetched below it, layer i's unsharded gradient and layer i + 1's in its reduce-scatter buffer:
+
+        layer i:  R·cg + H_h·cg + Σ_{j=i−p..i} U_j·cg + (U_i + U_{i+1})·cg
+        the end:  R·cg + 2·R·cg  (every root gradient and its reduce-scatter buffer)
+    """
+    R, head = shape.units.get(ROOT, 0), shape.head
+    layers = [shape.units[f"layer {i}"] for i in range(shape.layers)]
+    p = gathered_units - 1
+    best, when = 3 * R * cg, "at the root's reduce-scatter"
+    for i, U in enumerate(layers):
+        nxt = layers[i + 1] if i + 1 < len(layers) else 0
+        b = (R + head + sum(layers[max(0, i - p):i + 1]) + U + nxt) * cg
+        if b > best:
+            best, when = b, f"in layer {i}'s backward"
+    return best, when
+
+
 # ---- the plan --------------------------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Row:
@@ -422,9 +505,9 @@ class MemoryPlan:
         n = self.notes
         out = [Row("weights", self.weights, n["weights"]), Row("gradients", self.gradients, n["gradients"]),
                Row("optimiser state", self.optimizer, n["optimizer"]),
-               Row("activations", self.activations, n["activations"]), Row("logits (fp32)", self.logits, n["logits"])]
+               Row("activations", self.activations, n["activations"]), Row("logits and loss", self.logits, n["logits"])]
         if self.config.fsdp:
-            out.append(Row("FSDP unsharded unit", self.fsdp_unit, n["fsdp_unit"]))
+            out.append(Row("FSDP unsharded units", self.fsdp_unit, n["fsdp_unit"]))
         out += [Row("CUDA context", self.cuda_context, "knob cuda_context_gib"),
                 Row("fragmentation margin", self.margin, f"{self.config.fragmentation:.0%} of the tensors")]
         return out
@@ -498,15 +581,23 @@ def plan_memory(cfg: PlanConfig, model: Any = None) -> MemoryPlan:
         notes["activations"] = f"all {shape.layers} layers saved, B·T = {B}×{T}"
     if cfg.lora:
         notes["activations"] += " (upper bound under LoRA)"
-    logits = cfg.logits_buffers * 4 * N * shape.vocab
-    notes["logits"] = f"{cfg.logits_buffers} × [B, T, V] fp32, V = {shape.vocab:,}"
+    loss = loss_path(cfg, shape)
+    if loss == "chunked":
+        logits = chunked_loss_bytes(shape, N, e.compute, e.act, mixed, cfg.loss_tile_tokens, cfg.loss_tile_vocab)
+        notes["logits"] = (f"TRL's chunked LM head: one {min(N, cfg.loss_tile_tokens)} × "
+                           f"{min(shape.vocab, cfg.loss_tile_vocab)} tile, fp32 gradient accumulators"
+                           + (" of the input and the head" if mixed else " of the input"))
+    else:
+        logits = cfg.logits_buffers * 4 * N * shape.vocab
+        notes["logits"] = f"{cfg.logits_buffers} × [B, T, V] fp32, V = {shape.vocab:,}"
 
-    # ---- FSDP's unsharded unit, context, margin
+    # ---- FSDP's unsharded units, context, margin
     fsdp_unit = 0.0
     if cfg.fsdp:
-        unit, U = max(shape.units.items(), key=lambda kv: kv[1])
-        fsdp_unit = cfg.fsdp_gathered_units * U * (e.compute + e.grad)
-        notes["fsdp_unit"] = f"{cfg.fsdp_gathered_units} × {unit} ({U:,} params) gathered + its gradient"
+        cg = 4 if fsdp_dtype(cfg, shape) == "fp32" else e.compute
+        fsdp_unit, moment = fsdp_unsharded_bytes(shape, cg, cfg.fsdp_gathered_units)
+        notes["fsdp_unit"] = (f"root kept gathered + {cfg.fsdp_gathered_units} layer(s) in flight, "
+                              f"{cg}-byte gathers and gradients; peak {moment}")
     tensors = weights + grads + opt + activations + logits + fsdp_unit
     return MemoryPlan(cfg, shape, weights, grads, opt, activations, logits, fsdp_unit, cfg.cuda_context_gib * GIB,
                       cfg.fragmentation * tensors, trainable, tuple(per_layer),
