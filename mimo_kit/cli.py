@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import sys
 import time
@@ -248,8 +249,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model = build_policy(rl.policy, rl.seed, vocab_size=rl.make_world().vocab_size)
     else:
         model = tiny_kit_model(args.vocab_size, args.seed) if args.random_kit else load_model(args.model)
-    serve(model, host=args.host, port=args.port, allow_remote=args.allow_remote, model_path=args.model,
-          seed=args.seed)
+    serve(model, host=args.host, port=args.port, allow_remote=args.allow_remote,
+          model_path=str(Path(args.model).resolve()) if args.model else None, seed=args.seed,
+          api_key=os.environ.get("SGLANG_API_KEY") if args.api_key == "env" else args.api_key,
+          admin_api_key=(os.environ.get("SGLANG_ADMIN_API_KEY") if args.admin_api_key == "env"
+                         else args.admin_api_key))
     return 0
 
 
@@ -357,7 +361,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--seed", type=int, default=0, help="weights of --random-kit and the sampling stream")
     sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; other addresses need --allow-remote")
     sv.add_argument("--port", type=int, default=30000, help="default 30000 (SGLang's)")
-    sv.add_argument("--allow-remote", action="store_true", help="bind a non-loopback address (no authentication!)")
+    sv.add_argument("--allow-remote", action="store_true", help="bind a non-loopback address (set an API key)")
+    sv.add_argument("--api-key", default=None, help="SGLang's --api-key: every route but /health* and /ready wants "
+                    "'Authorization: Bearer KEY'; 'env' reads SGLANG_API_KEY")
+    sv.add_argument("--admin-api-key", default=None, help="SGLang's --admin-api-key: the weight, pause, abort and "
+                    "flush routes want this key instead; 'env' reads SGLANG_ADMIN_API_KEY")
     sv.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
     sv.set_defaults(fn=cmd_serve)
     return p

@@ -77,7 +77,9 @@ def remote_engine(model, seed=None, weight_sync="disk"):
     """SGLangEngine on ``mimo-kit serve`` holding ``model``'s weights at version 0 (sent the ``weight_sync`` way)."""
     from mimo_kit.infra.sglang import SGLangEngine
 
-    eng = SGLangEngine(_SERVER["url"], seed=seed, timeout=60, weight_sync=weight_sync)
+    # the model facts SGLang's /model_info does not carry come from the caller's model, as the trainer passes them
+    eng = SGLangEngine(_SERVER["url"], seed=seed, timeout=60, weight_sync=weight_sync,
+                       vocab_size=model.config.vocab_size, experts_per_token=model.config.num_experts_per_tok)
     eng.policy_version = 0  # each test starts the served weights over at version 0
     eng.update_weights(model.state_dict(), version=0)  # → POST /update_weights_from_disk, weight_version "0"
     return eng
@@ -106,12 +108,12 @@ def factory(request):
 
 
 def progress(eng) -> int:
-    """Tokens generated so far: the engine's counter, or ``mimo-kit serve``'s (``/get_server_info``, a kit field)."""
+    """Tokens generated so far: the engine's counter, or ``mimo-kit serve``'s (``/server_info``, a kit field)."""
     if hasattr(eng, "tokens_generated"):
         return eng.tokens_generated
     import requests
 
-    return requests.get(eng.url + "/get_server_info", timeout=10).json()["tokens_generated"]
+    return requests.get(eng.url + "/server_info", timeout=10).json()["tokens_generated"]
 
 
 def decoding(eng, request) -> tuple[threading.Thread, dict]:
@@ -364,7 +366,7 @@ def test_serve_abort_one_request_in_flight(kit_server):
     th.join(30)
     o = result["out"][0]
     assert o.finish_reason == "abort" and 0 < len(o.token_ids) < 400 and len(o.logprobs) == len(o.token_ids)
-    with pytest.raises(Exception, match=r"http://127\.0\.0\.1:9/get_model_info"):
+    with pytest.raises(Exception, match=r"http://127\.0\.0\.1:9/model_info"):
         SGLangEngine("http://127.0.0.1:9", timeout=2)  # nothing listens on port 9: the error names the URL
 
 
@@ -521,3 +523,30 @@ def test_partial_rollouts_on_a_server_cut_resume_and_stamp_each_token(kit_server
         assert seg.role == "assistant" and len(seg.token_ids) == n_tok == len(seg.logprobs)
         k = seg.policy_versions.index(1) if 1 in seg.policy_versions else n_tok
         assert seg.policy_versions == [0] * k + [1] * (n_tok - k) and k < n_tok
+
+
+def test_serve_checks_api_keys_as_sglang_does():
+    """`mimo-kit serve --api-key --admin-api-key`: /health stays open; other routes want the API key, the admin
+    routes the admin key (401 {"error": "Unauthorized"} otherwise); the client sends each where it belongs."""
+    import requests
+
+    from mimo_kit.infra.sglang import SGLangEngine, SGLangError
+
+    with local_servers(1, ["--random-kit", "--api-key", "user", "--admin-api-key", "admin"], timeout=60) as (srv,):
+        assert requests.get(srv.url + "/health", timeout=10).status_code == 200
+        r = requests.get(srv.url + "/model_info", timeout=10)
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
+        with pytest.raises(SGLangError, match="401"):
+            SGLangEngine(srv.url)
+        user_only = SGLangEngine(srv.url, api_key="user")
+        with pytest.raises(SGLangError, match="401"):
+            user_only.pause_generation()  # an admin route: the API key is not enough
+        eng = SGLangEngine(srv.url, api_key="user", admin_api_key="admin")
+        eng.pause_generation()
+        eng.continue_generation()
+        out = eng.generate([req("k", [1, 2, 3], 2, temperature=0.0)])[0]
+        assert len(out.token_ids) == 2 and out.finish_reason == "length"
+        info = eng.model_info()
+        assert "vocab_size" not in info and {"model_path", "weight_version", "model_type"} <= set(info)
+        assert requests.get(srv.url + "/get_weight_version", timeout=10,
+                            headers={"Authorization": "Bearer user"}).status_code == 404  # as in sglang 0.5.23

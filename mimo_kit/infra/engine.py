@@ -32,7 +32,8 @@ from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.fast_decode import StaticKVCache, decode_step
 from mimo_kit.model.generate import sample_next
 
-FINISH_REASONS = ("stop", "length", "abort")
+#: "error": the engine refused this one request (a SGLang server's 400 for it alone); no tokens, ``error`` says why
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 @dataclasses.dataclass
@@ -65,13 +66,14 @@ class GenerationOutput:
     request_id: str
     token_ids: list[int]  # generated ids, the stop token included
     logprobs: list[float]  # per generated token, under softmax(logits / T)
-    finish_reason: str  # "stop" | "length" | "abort"
+    finish_reason: str  # "stop" | "length" | "abort" | "error"
     policy_version: int  # engine weights version when the request was dispatched
     routed_experts: list[list[list[int]]] | None = None  # [prompt + generated tokens][moe layers][k]
     candidates: list[list[int]] | None = None  # [generated tokens][kept ids] (top-k / top-p sampling set); with
     # candidates, ``logprobs`` are under the renormalised sampling set (see :func:`candidate_logmass`)
     candidates_truncated: list[bool] | None = None  # [generated tokens] True where an engine could only approximate
     # the candidate set (a SGLang server returns top-K logprobs, not the set: :mod:`mimo_kit.infra.sglang`)
+    error: str | None = None  # finish_reason "error": the engine's message (the rollout ends as infra_error)
 
 
 @runtime_checkable

@@ -222,6 +222,10 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
     outs = _generate(engine, reqs, on_step)
     acting = []  # (rollout, ids, logprobs, versions, candidates, routed, finish reason)
     for r, req, out in zip(live, reqs, outs):
+        if out.finish_reason == "error":  # the engine refused this request alone: the rollout is lost to infra
+            r.pending, r.pending_versions = None, []
+            r.finish, r.infra_error = "infra_error", f"the engine refused the request: {out.error}"
+            continue
         prev = r.pending
         r.pending = None
         ids, lps = list(out.token_ids), list(out.logprobs)

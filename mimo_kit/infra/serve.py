@@ -1,32 +1,39 @@
 """``mimo-kit serve``: the kit's :class:`~mimo_kit.infra.engine.InProcessEngine` behind SGLang's native HTTP API.
 
-The subset :class:`~mimo_kit.infra.sglang.SGLangEngine` uses (Report §6 "Engines"; field names and error bodies as
-in ``sgl-project/sglang`` ``python/sglang/srt/entrypoints/http_server.py`` and ``managers/io_struct.py``):
+The subset :class:`~mimo_kit.infra.sglang.SGLangEngine` uses (Report §6 "Engines"), as sglang 0.5.23 defines it
+(``python/sglang/srt/entrypoints/http_server.py``, ``managers/io_struct.py``, ``utils/auth.py``):
 ``POST /generate``, ``POST /abort_request``, ``POST /update_weights_from_disk``, ``POST /pause_generation``,
 ``POST /continue_generation``, ``GET|POST /flush_cache``, ``GET /health``, ``GET /health_generate``,
-``GET /get_model_info``, ``GET /get_weight_version``, ``GET /get_server_info``, and weight sync over a
-torch.distributed group (:mod:`mimo_kit.infra.weight_sync`): ``POST /init_weights_update_group``,
-``POST /update_weights_from_distributed``, ``POST /destroy_weights_update_group``. Token-in/token-out only
-(``input_ids``; no tokenizer, like SGLang's ``--skip-tokenizer-init``).
+``GET /ready``, ``GET /model_info`` (and its deprecated alias ``/get_model_info``), ``GET /server_info`` (and
+``/get_server_info``), and weight sync over a torch.distributed group (:mod:`mimo_kit.infra.weight_sync`):
+``POST /init_weights_update_group``, ``POST /begin_weight_update``, ``POST /update_weights_from_distributed``
+(inside a begin/end session, as 0.5.23 requires), ``POST /end_weight_update``,
+``POST /destroy_weights_update_group``. Token-in/token-out only (``input_ids``; no tokenizer, like SGLang's
+``--skip-tokenizer-init``). There is no ``/get_weight_version`` (0.5.23 removed it): the version is in
+``/model_info`` and in every answer's ``meta_info``.
 
 Server: ``aiohttp.web`` (installed with the kit's dependencies): handlers stay on one event loop, so an
 ``/abort_request`` is served while a ``/generate`` decodes. Generation runs on **one** worker thread (the model is
 not re-entrant); ``on_step`` between decode steps checks the abort set and the pause state. It binds 127.0.0.1 and
-refuses any other address unless ``allow_remote`` (``--allow-remote``): the server has no authentication.
+refuses any other address unless ``allow_remote`` (``--allow-remote``).
+
+API keys as SGLang checks them: with ``api_key`` every route but ``/health*`` and ``/ready`` wants
+``Authorization: Bearer <key>``; with ``admin_api_key`` the weight, pause, abort and flush routes want that key
+instead (and the others are open unless ``api_key`` is set); a refused key is 401 {"error": "Unauthorized"}.
 
 Errors as SGLang answers them: malformed JSON or wrong field types → 400 with {"object": "error", "message",
 "type": "Bad Request", "param": null, "code": 400} (its ``RequestValidationError`` handler); a request the engine
 rejects (ids out of vocabulary, bad sampling parameters) → 400 with {"error": {"message"}}
-(``_create_error_response``); a failed weight update → 400 with {"success": false, "message"}.
+(``_create_error_response``), for the whole batch; a failed weight update → 400 with {"success": false, "message"}.
 
-Kit extensions (not in SGLang): ``vocab_size`` and ``num_experts_per_tok`` in ``/get_model_info`` and
-``tokens_generated`` in ``/get_server_info``.
+Kit extension (not in SGLang): ``tokens_generated`` in ``/server_info``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import ipaddress
 import json
 import threading
@@ -138,6 +145,10 @@ class _Item:
 
 class KitServer:
     """The state behind the endpoints: the engine, its version, the abort set, the pause state."""
+
+    api_key: str | None = None  # SGLang's --api-key / --admin-api-key (see the module docstring)
+    admin_api_key: str | None = None
+    weight_session = False  # between /begin_weight_update and /end_weight_update
 
     def __init__(self, model: torch.nn.Module, *, model_path: str | None = None, seed: int = 0):
         self.engine = _RecordingEngine(model, seed=seed, copy_weights=False)
@@ -385,6 +396,9 @@ class KitServer:
         if not (isinstance(names, list) and isinstance(dtypes, list) and isinstance(shapes, list)) or not (
                 len(names) == len(dtypes) == len(shapes)):
             raise BadRequest("names, dtypes and shapes (lists of one length) are required")
+        if not self.weight_session:  # sglang 0.5.23's weight updater, same message
+            return 400, {"success": False, "message": "update_weights_from_distributed must run between "
+                         "begin_weight_update() and end_weight_update()"}
         group = self.groups.get(body.get("group_name", DEFAULT_GROUP))
         fail = lambda msg: (400, {"success": False, "message": f"Failed to update weights: {msg}"})  # noqa: E731
         if group is None:
@@ -469,21 +483,34 @@ def build_app(server: KitServer):
     async def health(request: web.Request) -> web.Response:
         return web.Response(status=200)
 
-    async def model_info(request: web.Request) -> web.Response:
+    async def model_info(request: web.Request) -> web.Response:  # sglang 0.5.23's 14 keys, no model config
         m = server.engine.model
-        k = m.config.num_experts_per_tok if server.engine.is_kit else None
-        return web.json_response({"model_path": server.model_path, "tokenizer_path": None, "is_generation": True,
-                                  "preferred_sampling_params": None,
-                                  "weight_version": str(server.engine.policy_version),
-                                  "vocab_size": server.vocab_size, "num_experts_per_tok": k})
-
-    async def weight_version(request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": str(server.engine.policy_version)})
+        cfg = getattr(m, "config", None)
+        return web.json_response({
+            "model_path": server.model_path, "served_model_name": server.model_path, "tokenizer_path": None,
+            "is_generation": True, "preferred_sampling_params": None,
+            "weight_version": str(server.engine.policy_version), "load_format": "safetensors",
+            "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": getattr(cfg, "model_type", None), "architectures": [type(m).__name__]})
 
     async def server_info(request: web.Request) -> web.Response:
-        return web.json_response({"model_path": server.model_path, "version": "mimo-kit",
+        return web.json_response({"model_path": server.model_path, "version": "mimo-kit", "frontend": "python",
+                                  "weight_version": str(server.engine.policy_version),
                                   "tokens_generated": server.engine.tokens_generated,
                                   "paused": not server.running.is_set(), "inflight": len(server.inflight)})
+
+    async def session(request: web.Request) -> web.Response:  # /begin_weight_update, /end_weight_update
+        body, bad = await parse(request)
+        if bad is not None:
+            return bad
+        begin = request.path == "/begin_weight_update"
+        if begin == server.weight_session:
+            return web.json_response({"success": False, "message": (
+                "a weight-update session is already open; call end_weight_update() first" if begin else
+                "no weight-update session is open; call begin_weight_update() first")}, status=400)
+        server.weight_session = begin
+        return web.json_response({"success": True, "message": "Success"})
 
     async def generate(request: web.Request) -> web.Response:
         body, bad = await parse(request)
@@ -549,10 +576,26 @@ def build_app(server: KitServer):
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
                             "or waiting requests, the operation will not be performed.)\n", status=200 if ok else 400)
 
-    app = web.Application(client_max_size=64 * 1024 ** 2)
+    @web.middleware
+    async def auth(request: web.Request, handler):  # SGLang's decide_request_auth (utils/auth.py)
+        path = request.path
+        if request.method == "OPTIONS" or path.startswith(("/health", "/ready", "/metrics")):
+            return await handler(request)
+        from mimo_kit.infra.sglang import ADMIN_PATHS
+
+        want = (server.admin_api_key or server.api_key) if path in ADMIN_PATHS else server.api_key
+        if want:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token, want):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
+    app = web.Application(client_max_size=64 * 1024 ** 2, middlewares=[auth])
     app.add_routes([
-        web.get("/health", health), web.get("/health_generate", health), web.get("/get_model_info", model_info),
-        web.get("/get_weight_version", weight_version), web.get("/get_server_info", server_info),
+        web.get("/health", health), web.get("/health_generate", health), web.get("/ready", health),
+        web.get("/model_info", model_info), web.get("/get_model_info", model_info),
+        web.get("/server_info", server_info), web.get("/get_server_info", server_info),
+        web.post("/begin_weight_update", session), web.post("/end_weight_update", session),
         web.post("/generate", generate), web.put("/generate", generate), web.post("/abort_request", abort_request),
         web.post("/update_weights_from_disk", weight_route(server.run_update)), web.post("/pause_generation", pause),
         web.post("/continue_generation", cont), web.get("/flush_cache", flush_cache),
@@ -564,11 +607,14 @@ def build_app(server: KitServer):
 
 
 def serve(model: torch.nn.Module, *, host: str = "127.0.0.1", port: int = 30000, allow_remote: bool = False,
-          model_path: str | None = None, seed: int = 0) -> None:
+          model_path: str | None = None, seed: int = 0, api_key: str | None = None,
+          admin_api_key: str | None = None) -> None:
     """Run the server until interrupted (blocking)."""
     from aiohttp import web
 
     check_host(host, allow_remote)
-    app = build_app(KitServer(model, model_path=model_path, seed=seed))
+    server = KitServer(model, model_path=model_path, seed=seed)
+    server.api_key, server.admin_api_key = api_key or None, admin_api_key or None
+    app = build_app(server)
     print(f"mimo-kit serve: http://{host}:{port} (SGLang native API subset)", flush=True)
     web.run_app(app, host=host, port=port, print=None, access_log=None)

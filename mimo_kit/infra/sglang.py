@@ -5,23 +5,41 @@ The report's rollouts run on SGLang; the kit's trainer talks to any engine throu
 endpoints, so the same trainer drives a real SGLang server on a GPU node or ``mimo-kit serve`` (the kit's
 :class:`~mimo_kit.infra.engine.InProcessEngine` behind the same endpoints, :mod:`mimo_kit.infra.serve`).
 
-Endpoints and fields used, all SGLang's own (files in ``sgl-project/sglang/python/sglang/srt/``):
+Endpoints and fields used, as sglang 0.5.23 (PyPI, 2026-10-30) defines them (files under ``python/sglang/srt/``;
+``tests/fixtures/sglang/`` holds request/response pairs transcribed from them, replayed by ``tests/test_sglang.py``):
 
 - ``generate`` → ``POST /generate`` with ``rid``, ``input_ids``, ``sampling_params`` {``temperature``, ``top_p``,
   ``top_k``, ``max_new_tokens``, ``stop_token_ids``, ``sampling_seed``}, ``return_logprob``, ``logprob_start_len``,
   ``top_logprobs_num``, ``return_routed_experts`` (``managers/io_struct.py`` ``GenerateReqInput``;
   ``sampling/sampling_params.py`` ``SamplingParams``: top_k −1 disables, temperature 0 is greedy);
-- its answer: ``output_ids`` and ``meta_info`` with ``output_token_logprobs`` [(logprob, id, text)],
-  ``output_top_logprobs`` [[(logprob, id, text)]], ``finish_reason`` {``type``: stop | length | abort}
-  (``managers/schedule_batch.py`` ``FINISH_*.to_json``), ``routed_experts`` (base64 of int32 (tokens − 1, layers,
-  k): ``io_struct.py`` ``BatchStrOutput``, ``managers/tokenizer_manager.py``), ``weight_version``;
-- ``abort`` → ``POST /abort_request`` {``rid``, ``abort_all``} (``entrypoints/http_server.py``; ``AbortReq``);
+- its answer, a list in request order: ``output_ids`` and ``meta_info`` with ``output_token_logprobs``
+  [[logprob, id, text]], ``output_top_logprobs`` [[[logprob, id, text]]], ``finish_reason`` {``type``: stop |
+  length | abort} (``managers/schedule_batch.py`` ``FINISH_*.to_json``), ``routed_experts`` (base64 of int32
+  (tokens − 1, layers, k): ``state_capturer/routed_experts.py``), ``weight_version``
+  (``managers/tokenizer_manager.py`` ``_handle_batch_output``);
+- **a rejected request**: SGLang validates a batch as a whole, and one bad request (a prompt past the context, a
+  token outside the vocabulary) fails the call with 400 {``error``: {``message``}}. The client then sends each
+  request of that batch alone, so only the bad one fails: it comes back with ``finish_reason="error"`` and the
+  server's message, and its rollout ends as ``infra_error`` (dropped, not scored);
+- model facts → ``GET /model_info`` (``model_path``, ``weight_version``, ``model_type``, …; ``/get_model_info`` on
+  servers before it, ``entrypoints/http_server.py``). It carries neither the vocabulary size nor the MoE top-k:
+  those come from the caller (the learner's own model config) or the checkpoint's ``config.json`` when the client
+  can read it. The weight version is ``/model_info``'s ``weight_version`` (SGLang has no ``/get_weight_version``
+  any more) and each answer's ``meta_info.weight_version``;
+- ``abort`` → ``POST /abort_request`` {``rid``, ``abort_all``} (``AbortReq``; 200, empty body);
 - ``update_weights`` → ``POST /update_weights_from_disk`` {``model_path``, ``weight_version``,
-  ``abort_all_requests``} → {``success``, ``message``}, 400 on failure (``UpdateWeightFromDiskReqInput``);
+  ``abort_all_requests``} → {``success``, ``message``, ``num_paused_requests``}, 400 on failure
+  (``UpdateWeightFromDiskReqInput``). The path is sent absolute: SGLang resolves a relative one against its own
+  working directory, and reads anything that is not a folder as a Hub repo id;
+- over a group → ``POST /begin_weight_update``, ``/update_weights_from_distributed``, ``/end_weight_update``
+  (0.5.23 refuses a distributed update outside such a session; a server without the session routes answers 404
+  and is updated without one);
 - partial rollouts → ``POST /pause_generation`` {``mode``: abort | retract | in_place} and
-  ``POST /continue_generation`` (``http_server.py``; ``PauseGenerationReqInput``);
-- housekeeping → ``GET /health``, ``GET /get_model_info`` (``model_path``, ``weight_version``),
-  ``GET /get_weight_version``, ``POST /flush_cache`` (``http_server.py``).
+  ``POST /continue_generation`` {} (``PauseGenerationReqInput``; both need a JSON body);
+- housekeeping → ``GET /health``, ``POST /flush_cache`` (plain text, 400 while requests run);
+- **API keys**: a server started with ``--api-key`` wants ``Authorization: Bearer <key>`` on every route but
+  ``/health*``; with ``--admin-api-key`` the weight, pause, abort and flush routes want that key instead
+  (``utils/auth.py`` ``decide_request_auth``). A refused key is 401 {``error``: ``Unauthorized``}.
 
 Differences from :class:`InProcessEngine` a caller should know:
 
@@ -46,7 +64,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -70,6 +90,12 @@ ON_STEP_POLL_S = 0.02
 DEFAULT_TOP_LOGPROBS = 20  # top_logprobs_num asked for when candidates are wanted (Report §6.1: < 5 on average)
 
 
+#: routes SGLang guards with ``--admin-api-key`` when one is set (``@auth_level(AuthLevel.ADMIN_OPTIONAL)``)
+ADMIN_PATHS = ("/abort_request", "/flush_cache", "/pause_generation", "/continue_generation",
+               "/update_weights_from_disk", "/init_weights_update_group", "/update_weights_from_distributed",
+               "/destroy_weights_update_group", "/begin_weight_update", "/end_weight_update", "/update_weight_version")
+
+
 class SGLangError(RuntimeError):
     """A SGLang server could not be reached or answered with an error; the message names the URL."""
 
@@ -77,6 +103,34 @@ class SGLangError(RuntimeError):
 class SGLangUnreachable(SGLangError, ConnectionError):
     """The server refused the connection or did not answer in time: gone, not wrong (a rollout service takes such
     an engine out of service and plays its groups on the others)."""
+
+
+class SGLangRejected(SGLangError):
+    """The server refused the request with HTTP 400 (a bad input, not a broken server)."""
+
+
+def checkpoint_facts(folder: str | Path | None) -> dict[str, int]:
+    """``vocab_size`` and ``num_experts_per_tok`` from a checkpoint's ``config.json`` (or its ``text_config``), or
+    a kit run folder's ``config.yaml`` (its ``model``), when the folder is readable here; ``{}`` otherwise."""
+    if not folder:
+        return {}
+    try:
+        cfg = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        try:
+            import yaml
+
+            cfg = (yaml.safe_load((Path(folder) / "config.yaml").read_text()) or {}).get("model") or {}
+        except (OSError, ValueError, AttributeError, yaml.YAMLError):
+            return {}
+    if not isinstance(cfg, dict):
+        return {}
+    out = {}
+    for key in ("vocab_size", "num_experts_per_tok"):
+        v = cfg.get(key, (cfg.get("text_config") or {}).get(key))
+        if isinstance(v, int):
+            out[key] = v
+    return out
 
 
 def topp_from_top_logprobs(top: Sequence[tuple[float, int]], *, top_p: float, top_k: int = 0,
@@ -154,9 +208,12 @@ class SGLangEngine:
     """A :class:`~mimo_kit.infra.engine.RolloutEngine` backed by a SGLang server's native HTTP API (Report §6).
 
     ``url``: the server (``http://host:30000``). ``top_logprobs_num``: K asked for when candidates are wanted.
-    ``experts_per_token``: the MoE top-k, to unpack routed experts (default: the server's ``num_experts_per_tok``
-    if it reports one, as ``mimo-kit serve`` does). ``weights_dir``: where :meth:`update_weights` writes checkpoints
-    the server then reads (must be a path the server sees; default a temporary folder: same machine).
+    ``vocab_size`` / ``experts_per_token``: the model's vocabulary and MoE top-k (to rebuild top-k sets and unpack
+    routed experts); default: the checkpoint's ``config.json`` in ``config_dir`` or the server's ``model_path``,
+    when readable here. ``api_key`` / ``admin_api_key``: the server's ``--api-key`` / ``--admin-api-key``
+    (default: the environment's ``SGLANG_API_KEY`` / ``SGLANG_ADMIN_API_KEY``, so keys stay out of run configs).
+    ``weights_dir``: where :meth:`update_weights` writes checkpoints the server then reads (a folder the server
+    sees at the same absolute path: a shared filesystem across machines; default a temporary folder).
     ``weight_sync``: how :meth:`update_weights` sends a version: ``"disk"`` (that folder and
     ``/update_weights_from_disk``) or ``"dist"`` (a torch.distributed group of this client as rank 0 and the
     server, :mod:`mimo_kit.infra.weight_sync`, built on the first update; the server joins it at
@@ -167,19 +224,23 @@ class SGLangEngine:
                  top_logprobs_num: int = DEFAULT_TOP_LOGPROBS, experts_per_token: int | None = None,
                  weights_dir: str | Path | None = None, config_dir: str | Path | None = None,
                  vocab_size: int | None = None, weight_sync: str = "disk", sync_address: str = "127.0.0.1",
-                 sync_backend: str = "gloo"):
+                 sync_backend: str = "gloo", api_key: str | None = None, admin_api_key: str | None = None):
         if weight_sync not in ("disk", "dist"):
             raise ValueError(f"SGLangEngine weight_sync={weight_sync!r}; expected 'disk' or 'dist'")
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.seed = seed
         self.top_logprobs_num = top_logprobs_num
+        self.api_key = api_key if api_key is not None else os.environ.get("SGLANG_API_KEY") or None
+        self.admin_api_key = (admin_api_key if admin_api_key is not None
+                              else os.environ.get("SGLANG_ADMIN_API_KEY") or None)
         info = self.model_info()
         self.model_path = info.get("model_path")
-        self.vocab_size = vocab_size if vocab_size is not None else info.get("vocab_size")  # kit extension
-        self.experts_per_token = experts_per_token or info.get("num_experts_per_tok")  # kit extension
         self.policy_version = _version(info.get("weight_version"))
         self.config_dir = Path(config_dir) if config_dir else (Path(self.model_path) if self.model_path else None)
+        facts = checkpoint_facts(self.config_dir)
+        self.vocab_size = vocab_size if vocab_size is not None else facts.get("vocab_size")
+        self.experts_per_token = experts_per_token or facts.get("num_experts_per_tok")
         self.weight_sync, self.sync_address, self.sync_backend = weight_sync, sync_address, sync_backend
         self._group: Any = None  # the weight-update group, once built (weight_sync="dist")
         self.group_name = f"mimo-kit-{uuid.uuid4().hex[:12]}"  # this client's own group on the server
@@ -188,21 +249,33 @@ class SGLangEngine:
         self.weights_dir = Path(weights_dir or self._tmp) if (weights_dir or self._tmp) else None  # "disk" only
 
     # ---- HTTP --------------------------------------------------------------------------------------------
+    def _headers(self, path: str) -> dict[str, str]:
+        """SGLang's bearer token: the admin key on admin routes when one is set, else the API key."""
+        key = self.admin_api_key if self.admin_api_key and path in ADMIN_PATHS else self.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def _call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> requests.Response:
         url = self.url + path
         try:
-            resp = requests.request(method, url, json=payload, timeout=timeout or self.timeout)
+            resp = requests.request(method, url, json=payload, timeout=timeout or self.timeout,
+                                    headers=self._headers(path))
         except requests.ConnectionError as e:
             raise SGLangUnreachable(f"SGLang server at {url} is unreachable ({type(e).__name__}); "
                                     "is it running?") from e
         except requests.Timeout as e:
             raise SGLangUnreachable(f"SGLang server at {url} did not answer within {timeout or self.timeout} s") from e
+        if resp.status_code in (401, 403):
+            which = "--admin-api-key" if path in ADMIN_PATHS and self.admin_api_key else "--api-key"
+            raise SGLangError(f"{method} {url} → HTTP {resp.status_code} {_error_message(resp)}: the server wants "
+                              f"its {which} as a bearer token; pass api_key=/admin_api_key= or set SGLANG_API_KEY "
+                              "/ SGLANG_ADMIN_API_KEY")
         return resp
 
     def _json(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
         resp = self._call(method, path, payload, timeout)
         if resp.status_code != 200:
-            raise SGLangError(f"{method} {self.url + path} → HTTP {resp.status_code}: {_error_message(resp)}")
+            kind = SGLangRejected if resp.status_code == 400 else SGLangError
+            raise kind(f"{method} {self.url + path} → HTTP {resp.status_code}: {_error_message(resp)}")
         return resp.json()
 
     def health(self, timeout: float = 5.0) -> bool:
@@ -213,12 +286,19 @@ class SGLangEngine:
             return False
 
     def model_info(self) -> dict[str, Any]:
-        """``GET /get_model_info``: ``model_path``, ``is_generation``, ``weight_version`` (and kit extensions)."""
-        return self._json("GET", "/get_model_info", timeout=min(self.timeout, 30.0))
+        """``GET /model_info`` (``model_path``, ``weight_version``, ``model_type``, …); ``/get_model_info`` on a
+        server that predates it (404)."""
+        t = min(self.timeout, 30.0)
+        resp = self._call("GET", "/model_info", timeout=t)
+        if resp.status_code == 404:
+            return self._json("GET", "/get_model_info", timeout=t)
+        if resp.status_code != 200:
+            raise SGLangError(f"GET {self.url}/model_info → HTTP {resp.status_code}: {_error_message(resp)}")
+        return resp.json()
 
     def refresh_version(self) -> int:
-        """Re-read the server's ``weight_version`` (``GET /get_weight_version``) into :attr:`policy_version`."""
-        self.policy_version = _version(self._json("GET", "/get_weight_version")["weight_version"])
+        """Re-read the server's ``weight_version`` (``GET /model_info``) into :attr:`policy_version`."""
+        self.policy_version = _version(self.model_info().get("weight_version"))
         return self.policy_version
 
     def flush_cache(self) -> None:
@@ -248,7 +328,7 @@ class SGLangEngine:
         """``POST /update_weights_from_disk``: the server reloads weights from ``model_path`` (a transformers
         ``save_pretrained`` folder it can read) and stamps ``version`` on later requests."""
         out = self._call("POST", "/update_weights_from_disk", {
-            "model_path": str(model_path), "weight_version": str(int(version)),
+            "model_path": str(Path(model_path).resolve()), "weight_version": str(int(version)),
             "abort_all_requests": abort_all_requests})
         body = _body(out)
         if out.status_code != 200 or not body.get("success", False):
@@ -336,14 +416,32 @@ class SGLangEngine:
         tensors = [v.detach().to(device).contiguous() for v in state_dict.values()]
         m = manifest(dict(zip(state_dict, tensors)))
         try:
-            self._together(lambda: self.update_weights_from_distributed(m["names"], m["dtypes"], m["shapes"], version,
-                                                                        self.group_name),
-                           lambda refused: send(self._group, tensors, abandon=refused))
+            with self._weight_update_session():
+                self._together(lambda: self.update_weights_from_distributed(m["names"], m["dtypes"], m["shapes"],
+                                                                            version, self.group_name),
+                               lambda refused: send(self._group, tensors, abandon=refused))
         except BaseException:
             self._group = None  # a refused or broken broadcast leaves the group unusable: the next update rebuilds it
             with contextlib.suppress(SGLangError):
                 self.destroy_weights_update_group(self.group_name)
             raise
+
+    @contextlib.contextmanager
+    def _weight_update_session(self):
+        """``/begin_weight_update`` … ``/end_weight_update`` around a distributed update (sglang 0.5.23 refuses one
+        outside a session); a server without these routes (404) is updated without."""
+        resp = self._call("POST", "/begin_weight_update", {"selector": "all"})
+        if resp.status_code == 404:
+            yield
+            return
+        body = _body(resp)
+        if resp.status_code != 200 or not body.get("success", False):
+            raise SGLangError(f"POST {self.url}/begin_weight_update → HTTP {resp.status_code}: "
+                              f"{body.get('message') or _error_message(resp)}")
+        try:
+            yield
+        finally:
+            self._ok("/end_weight_update", {})
 
     @staticmethod
     def _together(request: Callable[[], None], local: Callable[[Callable[[], bool]], Any]) -> Any:
@@ -411,20 +509,38 @@ class SGLangEngine:
             "top_logprobs_num": self.top_logprobs_num if want_cands else 0,
             "return_routed_experts": any(r.return_routed_experts for r in reqs),
         }
-        if on_step is None:
-            data = self._json("POST", "/generate", body)
-        else:  # the request on a thread of its own; this thread runs on_step until the answer is in
-            with ThreadPoolExecutor(1, thread_name_prefix="sglang-generate") as ex:
-                fut = ex.submit(self._json, "POST", "/generate", body)
-                while not fut.done():
-                    if not on_step():  # truthy: it has more work at hand, call again at once
-                        futures_wait([fut], timeout=poll_s)
-                data = fut.result()
+        try:
+            data = self._waiting(lambda: self._json("POST", "/generate", body), on_step, poll_s)
+        except SGLangRejected as e:  # one bad request fails SGLang's whole batch: find it, keep the others
+            if len(reqs) == 1:
+                return [GenerationOutput(reqs[0].request_id, [], [], "error", version, error=str(e))]
+            return self._one_by_one(reqs, on_step, poll_s)
         if isinstance(data, dict):  # a batch of one may come back unwrapped
             data = [data]
         if len(data) != len(reqs):
             raise SGLangError(f"POST {self.url}/generate: {len(data)} outputs for {len(reqs)} requests")
         return [self._output(r, d, version) for r, d in zip(reqs, data)]
+
+    @staticmethod
+    def _waiting(call: Callable[[], Any], on_step: Callable[[], Any] | None, poll_s: float) -> Any:
+        """``call()``; with ``on_step``, on a thread of its own while this thread calls ``on_step`` every
+        ``poll_s`` seconds (at once again when it returns true: it has more work at hand)."""
+        if on_step is None:
+            return call()
+        with ThreadPoolExecutor(1, thread_name_prefix="sglang-generate") as ex:
+            fut = ex.submit(call)
+            while not fut.done():
+                if not on_step():
+                    futures_wait([fut], timeout=poll_s)
+            return fut.result()
+
+    def _one_by_one(self, reqs: list[GenerationRequest], on_step: Callable[[], Any] | None,
+                    poll_s: float) -> list[GenerationOutput]:
+        """Each request alone, all at once (the server batches them again): a refused one fails only itself."""
+        def all_of():
+            with ThreadPoolExecutor(min(len(reqs), 32), thread_name_prefix="sglang-one") as ex:
+                return [o for out in ex.map(lambda r: self.generate([r]), reqs) for o in out]
+        return self._waiting(all_of, on_step, poll_s)
 
     def _output(self, r: GenerationRequest, d: dict[str, Any], version: int) -> GenerationOutput:
         meta = d.get("meta_info", {})
@@ -439,7 +555,8 @@ class SGLangEngine:
         if kind not in ("stop", "length", "abort"):
             raise SGLangError(f"{self.url}: request {r.request_id!r} finished with {reason!r}")
         if kind == "abort" and isinstance(reason, dict) and reason.get("status_code") not in (None, 200):
-            raise SGLangError(f"{self.url}: request {r.request_id!r} was rejected: {reason.get('message')}")
+            return GenerationOutput(r.request_id, [], [], "error", version,  # refused in-band: this request alone
+                                    error=f"HTTP {reason.get('status_code')}: {reason.get('message')}")
         candidates = truncated = None
         if r.return_candidates:
             tops = meta.get("output_top_logprobs") or []
@@ -462,7 +579,9 @@ class SGLangEngine:
         routed = None
         if r.return_routed_experts and meta.get("routed_experts") is not None:
             if not self.experts_per_token:
-                raise SGLangError("routed experts returned but experts_per_token is unknown: pass it to SGLangEngine")
+                raise SGLangError("routed experts returned but experts_per_token is unknown: SGLang's /model_info "
+                                  "does not carry it; pass experts_per_token= (the model config's "
+                                  "num_experts_per_tok) or config_dir= (a folder with the checkpoint's config.json)")
             n_rows = len(r.prompt_ids) + len(ids) - 1  # SGLang: [0, seqlen − 1)
             t = decode_routed_experts(meta["routed_experts"], n_rows, self.experts_per_token)  # [T + n − 1, L, k]
             t = torch.cat([t, torch.full_like(t[:1], -1)])  # the last token was never routed: −1 = not recorded

@@ -973,7 +973,10 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
         from mimo_kit.infra.sglang import SGLangEngine
 
         folder = Path(cfg.out_dir) / "engine_weights" / (f"engine{i}" if cfg.n_engines > 1 else "")
+        mcfg = getattr(model, "config", None)  # the model facts SGLang's /model_info does not carry
         eng = SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder, weight_sync=cfg.weight_sync,
+                           vocab_size=getattr(mcfg, "vocab_size", None),
+                           experts_per_token=getattr(mcfg, "num_experts_per_tok", None),
                            sync_address=sync_host(cfg.weight_sync_host), sync_backend="nccl" if d.device.type == "cuda"
                            else "gloo")
         eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
