@@ -10,17 +10,13 @@ tensor the formula does not know (the smallest per-token tensor of a layer, o_pr
 
 import dataclasses
 import functools
-import json
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
 from mimo_kit.cli import main
 from mimo_kit.config.base import ConfigError
-from mimo_kit.infra.measure import measure_loss_head, measure_step
+from mimo_kit.infra.measure import measure_fsdp_ranks, measure_loss_head, measure_step
 from mimo_kit.infra.plan import (
     GIB,
     MODELS,
@@ -249,42 +245,20 @@ def test_the_qwen_inventory_is_built_once_and_then_read_from_the_cache(tmp_path,
 
 
 # ---- FSDP2 on two CPU ranks, and the loss paths -----------------------------------------------------------------
-FSDP_SCRIPT = textwrap.dedent("""
-    import json, sys, torch, torch.distributed as dist
-    from mimo_kit.dist import close_distributed
-    from mimo_kit.infra.measure import measure_fsdp_step
-    from mimo_kit.model.config import MiMoConfig
-    from mimo_kit.model.decoder import MiMoForCausalLM
-    dist.init_process_group("gloo")
-    preset, overrides, B, T = json.loads(sys.argv[1])
-    torch.manual_seed(0)
-    m = measure_fsdp_step(MiMoForCausalLM(MiMoConfig.preset(preset, **overrides)), B, T)
-    print("MEASURED", json.dumps(m.__dict__), flush=True)
-    close_distributed()
-""")
-
-
 @pytest.mark.parametrize("key, B, T", [("tiny", 2, 64), ("small3", 1, 200)])
-def test_fsdp_terms_match_two_sharded_ranks(tmp_path, key, B, T):
+def test_fsdp_terms_match_two_sharded_ranks(key, B, T):
     """Per rank, on 2 gloo ranks sharded by the kit's shard_model: shards of weights, gradients and AdamW state,
     and the peak of gathered units and unsharded gradients (torch's FSDPMemTracker), each within 10% of the plan
     (they land within 0.1%: the root kept gathered, one layer prefetched, one reduce-scatter in flight)."""
     preset, overrides = MODELS_UNDER_TEST[key]
-    script = tmp_path / "fsdp_measure.py"
-    script.write_text(FSDP_SCRIPT)
-    arg = json.dumps([preset, {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}, B, T])
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend",
-                           "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), arg],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    ranks = [json.loads(x[9:]) for x in proc.stdout.splitlines() if x.startswith("MEASURED ")]
-    assert sorted(r["rank"] for r in ranks) == [0, 1]
+    ranks = measure_fsdp_ranks(preset, overrides, B, T)
+    assert [m.rank for m in ranks] == [0, 1]
     cfg = PlanConfig.preset("tiny", gpus_per_node=2, fsdp=True, precision="fp32", micro_batch=B, seq_len=T)
     plan = plan_memory(cfg, _model_config(key))
     for m in ranks:
         for term, planned_bytes in (("weights", plan.weights), ("gradients", plan.gradients),
                                     ("optimizer", plan.optimizer), ("unsharded", plan.fsdp_unit)):
-            assert 0.9 <= planned_bytes / m[term] <= 1.1, (term, m["rank"], planned_bytes, m[term])
+            assert 0.9 <= planned_bytes / getattr(m, term) <= 1.1, (term, m.rank, planned_bytes, getattr(m, term))
 
 
 @pytest.mark.parametrize("H, V, N", [(64, 512, 64), (256, 8192, 512)])

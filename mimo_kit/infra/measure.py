@@ -246,3 +246,46 @@ def measure_loss_head(hidden_size: int, vocab: int, tokens: int, *, chunked: boo
         loss.backward()
     peak = max(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
     return peak - before
+
+
+def measure_fsdp_ranks(preset: str, overrides: dict, batch: int, seq_len: int, *, nproc: int = 2,
+                       timeout: float = 300.0) -> list[MeasuredFSDP]:
+    """:func:`measure_fsdp_step` on ``nproc`` CPU ranks (torchrun, gloo) for the kit decoder of ``preset`` with
+    ``overrides``; one record per rank."""
+    import json
+    import subprocess
+    import sys
+
+    arg = json.dumps([preset, {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}, batch,
+                      seq_len])
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "mimo_kit.infra.measure",
+                           arg], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"measure_fsdp_ranks: torchrun exited {proc.returncode}\n{proc.stderr[-3000:]}")
+    rows = [json.loads(x[len("MEASURED "):]) for x in proc.stdout.splitlines() if x.startswith("MEASURED ")]
+    return sorted((MeasuredFSDP(**r) for r in rows), key=lambda m: m.rank)
+
+
+def _rank_main(arg: str) -> None:
+    """One rank of :func:`measure_fsdp_ranks`: build, shard, step, print this rank's record."""
+    import json
+
+    import torch.distributed as dist
+
+    from mimo_kit.dist import close_distributed
+    from mimo_kit.model.config import MiMoConfig
+    from mimo_kit.model.decoder import MiMoForCausalLM
+
+    preset, overrides, batch, seq_len = json.loads(arg)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    m = measure_fsdp_step(MiMoForCausalLM(MiMoConfig.preset(preset, **overrides)), batch, seq_len)
+    print("MEASURED", json.dumps(dataclasses.asdict(m)), flush=True)
+    close_distributed()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _rank_main(sys.argv[1])

@@ -425,21 +425,22 @@ def fsdp_dtype(cfg: PlanConfig, shape: Shape) -> str:
     return "fp32" if shape.family == "mimo" or cfg.precision == "fp32" else "compute"
 
 
-def chunked_loss_bytes(shape: Shape, N: int, c: int, a: int, mixed: bool, tile_tokens: int, tile_vocab: int) -> int:
+def chunked_loss_bytes(shape: Shape, N: int, c: int, a: int, mixed: bool, tile_tokens: int, tile_vocab: int,
+                       head_trains: bool = True) -> int:
     """Peak bytes of TRL's fused LM head (``trl.kernels.chunked_logprob.ChunkedLogProbFunction``) on N tokens,
     beyond the head's own gradient (counted with the gradients, or with FSDP's unsharded root).
 
     Forward keeps the scored rows of the head's input (a·N·H, copied out of the shifted hidden states) and seven
     fp32 per-token running statistics, two of them (log Z, entropy) saved; one [n, v] tile in the compute dtype,
     n = min(N, tile_tokens), v = min(V, tile_vocab). Backward recomputes each tile into one such buffer and
-    accumulates the input's gradient in fp32 (4·N·H); in bf16 it also accumulates the head's gradient in an fp32
-    buffer [V, H] before casting both to the compute dtype:
+    accumulates the input's gradient in fp32 (4·N·H); in bf16 it also accumulates the head's gradient (when the
+    head trains: not under LoRA) in an fp32 buffer [V, H] before casting both to the compute dtype:
 
         bytes = a·N·H + 4·N·H + c·n·v + 36·N  (+ 4·V·H + a·N·H in bf16)
     """
     H, V = shape.hidden, shape.vocab
     out = a * N * H + 4 * N * H + c * min(N, tile_tokens) * min(V, tile_vocab) + 36 * N
-    return out + (4 * V * H + a * N * H if mixed else 0)
+    return out + ((4 * V * H if head_trains else 0) + a * N * H if mixed else 0)
 
 
 def fsdp_unsharded_bytes(shape: Shape, cg: int, gathered_units: int) -> tuple[int, str]:
@@ -583,10 +584,11 @@ def plan_memory(cfg: PlanConfig, model: Any = None) -> MemoryPlan:
         notes["activations"] += " (upper bound under LoRA)"
     loss = loss_path(cfg, shape)
     if loss == "chunked":
-        logits = chunked_loss_bytes(shape, N, e.compute, e.act, mixed, cfg.loss_tile_tokens, cfg.loss_tile_vocab)
+        logits = chunked_loss_bytes(shape, N, e.compute, e.act, mixed, cfg.loss_tile_tokens, cfg.loss_tile_vocab,
+                                    head_trains=not cfg.lora)
         notes["logits"] = (f"TRL's chunked LM head: one {min(N, cfg.loss_tile_tokens)} × "
                            f"{min(shape.vocab, cfg.loss_tile_vocab)} tile, fp32 gradient accumulators"
-                           + (" of the input and the head" if mixed else " of the input"))
+                           + (" of the input and the head" if mixed and not cfg.lora else " of the input"))
     else:
         logits = cfg.logits_buffers * 4 * N * shape.vocab
         notes["logits"] = f"{cfg.logits_buffers} × [B, T, V] fp32, V = {shape.vocab:,}"
