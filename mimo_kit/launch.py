@@ -11,8 +11,8 @@ it, the same run three ways, all reading that one YAML:
 - ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
   rendezvous on the first node of the allocation; job name, time, partition, account, whole nodes, requeue, the
   environment and NCCL settings from :class:`SlurmOptions`, every path absolute;
-- ``ray_job.sh``: ``ray job submit`` of the same entrypoint, one node, to the cluster at ``$RAY_ADDRESS`` (a
-  multi-node Ray job is refused: ``sbatch.sh`` or ``torchrun.sh`` start one agent per node).
+- ``ray_job.sh``: ``ray job submit`` to the cluster at ``$RAY_ADDRESS``: one node's ``torchrun``, or for N nodes
+  :mod:`mimo_kit.ray_launch`, one ``torchrun`` agent per node placed by a placement group.
 
 A config whose ``out_dir`` is left at its default writes its checkpoints and metrics into the run folder
 (:func:`in_run_folder`), so two launches of one experiment never share a checkpoint folder.
@@ -234,18 +234,27 @@ def ray_job_command(experiment: str, config_yaml: str | Path, out: str | Path, *
                     nnodes: int = 1, servers: int = 0, chdir: str | Path | None = None) -> str:
     """``ray job submit`` of the run's entrypoint to the Ray cluster at ``$RAY_ADDRESS`` (Ray's own variable).
 
-    The job is one node's ``torchrun`` (``nproc_per_node`` GPUs): a multi-node run is refused with the scripts that
-    do start one agent per node (``sbatch.sh``, ``torchrun.sh``). It runs in ``chdir`` (absolute, default the
-    current directory) on the node Ray picks, not in an uploaded copy: Ray's ``--working-dir`` leaves out what
-    ``.gitignore`` names, ``runs/`` with the config among it, and the outputs would land in a temporary copy. So
-    the node must see the project at the same path (a shared filesystem). ``servers`` = E (RL): the entrypoint is
-    ``mimo-kit launch rl --servers E``, which starts the E engine servers beside the learner (a GPU each) and stops
-    them after the run."""
-    if nnodes > 1:
-        raise ConfigError(f"launch: a Ray job of {nnodes} nodes; ray_job.sh starts one node's torchrun. Run "
-                          "sbatch.sh, or torchrun.sh on every node, for a multi-node job")
+    One node: the job is that node's ``torchrun`` (``nproc_per_node`` GPUs). Several: the job's driver is
+    :mod:`mimo_kit.ray_launch`, which places one bundle of ``nproc_per_node`` GPUs per node (a placement group,
+    ``STRICT_SPREAD``) and starts one ``torchrun`` agent on each, meeting through a c10d rendezvous on the first.
+    It runs in ``chdir`` (absolute, default the current directory), not in an uploaded copy: Ray's
+    ``--working-dir`` leaves out what ``.gitignore`` names, ``runs/`` with the config among it, and the outputs
+    would land in a temporary copy. So every node must see the project at the same path (a shared filesystem).
+    ``servers`` = E (RL, one node): the entrypoint is ``mimo-kit launch rl --servers E``, which starts the E engine
+    servers beside the learner (a GPU each) and stops them after the run; with several nodes it is refused
+    (``sbatch.sh`` places servers on nodes of their own)."""
+    if nnodes > 1 and servers:
+        raise ConfigError(f"launch: a Ray job of {nnodes} learner nodes with {servers} engine servers; ray_job.sh "
+                          "starts servers beside a one-node learner only. Run sbatch.sh, which gives each server "
+                          "a node of its own")
     root = Path(chdir or os.getcwd()).absolute()
     config_yaml, out = root / config_yaml, root / out
+    if nnodes > 1:
+        entry = shlex.join(["python", "-m", "mimo_kit.ray_launch", experiment, "--config", str(config_yaml), "--out",
+                            str(out), "--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node),
+                            "--gpus-per-node", "auto", "--chdir", str(root)])
+        body = shlex.quote(f"cd {shlex.quote(str(root))} && {entry}")
+        return f"ray job submit --entrypoint-num-cpus 0 -- bash -c {body}"
     if servers:
         entry = shlex.join(["python", "-m", "mimo_kit.cli", "launch", experiment, "--config", str(config_yaml),
                             "--nproc-per-node", str(nproc_per_node), "--servers", str(servers), "--out", str(out)])
@@ -280,8 +289,8 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
 
     ``folder`` defaults to ``runs/EXPERIMENT/launch-TIMESTAMP``; ``rdzv_endpoint`` to ``$MASTER_ADDR:29500``;
     ``servers``: engine servers of an RL run, on nodes of their own in the Slurm script (:func:`sbatch_script`);
-    ``slurm``: the batch script's cluster options (:class:`SlurmOptions`). A multi-node ``ray_job.sh`` says why it
-    does not run and exits 2 (:func:`ray_job_command`).
+    ``slurm``: the batch script's cluster options (:class:`SlurmOptions`). A ``ray_job.sh`` that cannot run (a
+    multi-node RL job with engine servers) says why and exits 2 (:func:`ray_job_command`).
     """
     from mimo_kit import experiments
 

@@ -277,3 +277,39 @@ def test_the_sbatch_script_starts_servers_on_their_own_nodes_and_trains_with_the
     for i in (0, 1):  # each server served the run's policy and took each version
         assert "mimo-kit serve: http://127.0.0.1:" in (tmp_path / "job" / f"server-{i}.log").read_text()
     assert "weight_sync=dist" in prep.sbatch and "weight_sync_host=auto" in prep.sbatch
+
+
+@pytest.mark.xdist_group("ray-head")
+def test_a_two_node_ray_job_runs_one_torchrun_agent_per_node(tmp_path, monkeypatch):
+    """ray_job.sh for 2 nodes on a local Ray cluster of 2 simulated nodes (a head and a second raylet): its
+    entrypoint places one bundle per node and starts a torchrun agent on each; they meet through c10d, the run
+    counts a world of 2 and writes its checkpoints under its own --out."""
+    import os
+    import re
+    import shlex
+
+    from mimo_kit.infra.pool import local_cluster
+    from mimo_kit.launch import prepare
+
+    monkeypatch.chdir(tmp_path)
+    cfg = pretrain_cfg(tmp_path / "unused", steps=2, eval_every=2, checkpoint_every=1, batch=2, seq_len=32)
+    cfg = cfg.override({"out_dir": PretrainConfig().out_dir})  # the default: the run folder takes it
+    prep = prepare("pretrain", cfg, nnodes=2, nproc_per_node=1, folder="runs/job")
+    script = (prep.folder / "ray_job.sh").read_text()
+    assert "exit 2" not in script and "ray job submit" in script and "--working-dir" not in script
+    submit = next(ln for ln in script.splitlines() if ln.startswith("ray job submit"))
+    entry = shlex.split(submit.split(" -- ", 1)[1])  # what the job runs: bash -c 'cd ROOT && python -m ...'
+    assert entry[:2] == ["bash", "-c"] and re.search(r"mimo_kit\.ray_launch pretrain .*--nnodes 2", entry[2])
+    env_path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    with local_cluster(nodes=2) as address:
+        proc = subprocess.run(entry, capture_output=True, text=True, timeout=TIMEOUT,
+                              env={**os.environ, "RAY_ADDRESS": address, "PATH": env_path})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert re.search(r"\[node 0\] torchrun agent on Ray node \w+ exited 0", out)
+    assert re.search(r"\[node 1\] torchrun agent on Ray node \w+ exited 0", out)
+    nodes = re.search(r"agents \[0, 0\] on nodes (\w+), (\w+)", out)
+    assert nodes and nodes.group(1) != nodes.group(2)  # two Ray nodes, one agent each
+    job = tmp_path / "runs" / "job"
+    assert json.loads((job / "run.json").read_text())["world_size"] == 2
+    assert (job / "checkpoints" / "latest").is_file() and (job / "model.safetensors").is_file()

@@ -30,13 +30,14 @@ call, the other actors' tenants carry on, and the pool starts a fresh actor in i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import os
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -476,6 +477,55 @@ START_ATTEMPTS = 4
 AGENT_REGISTER_TIMEOUT_S = 120
 
 
+def _local_ray_environment() -> None:
+    """The environment of a private Ray on the loopback (see :func:`start_local_head`): clusters off (node address
+    127.0.0.1), token authentication with a fresh token, no usage stats, a patient agent registration."""
+    import secrets
+    import sys
+
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the raylet waits this long for its Python agents to report their ports, then aborts (a loaded machine: several
+    # heads starting at once, a test suite's workers); Ray's default is far shorter than a cold start under load
+    os.environ.setdefault("RAY_agent_register_timeout_ms", str(AGENT_REGISTER_TIMEOUT_S * 1000))
+    if "ray._private.ray_constants" in sys.modules:  # imported before the variables were set: apply them now
+        from ray._private import ray_constants
+        from ray._raylet import Config
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        Config.initialize("")
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int = 2, num_cpus: int = 1) -> Iterator[str]:
+    """A Ray cluster of ``nodes`` simulated nodes on this machine (Ray's ``ray.cluster_utils.Cluster``: a head and
+    ``nodes − 1`` more raylets, each a node to Ray's scheduler), on the loopback with :func:`start_local_head`'s
+    environment; yields its address (what ``RAY_ADDRESS`` names) and stops every node after. The processes a job
+    starts inherit the environment (the token among it)."""
+    _local_ray_environment()
+    from ray.cluster_utils import Cluster
+
+    lock = open(os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock"), "w")  # noqa: SIM115
+    cluster = None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one head starts at a time on this machine (see start_local_head)
+        try:
+            cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": num_cpus, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+            for _ in range(nodes - 1):
+                cluster.add_node(num_cpus=num_cpus, node_ip_address="127.0.0.1")
+            cluster.wait_for_nodes()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield cluster.address
+    finally:
+        lock.close()
+        if cluster is not None:
+            cluster.shutdown()
+
+
 def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str, Any]:
     """Start a private Ray head on this machine for tests, benchmarks and notebooks; returns ``ray.init``'s context.
 
@@ -488,25 +538,11 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     lock), so heads of several processes can run at once. Workers import this checkout of the kit (``PYTHONPATH``),
     whatever the editable install points at. Stop it with :func:`stop_local_head`.
     """
-    import secrets
-    import sys
     from pathlib import Path
 
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # the raylet waits this long for its Python agents to report their ports, then aborts (a loaded machine: several
-    # heads starting at once, a test suite's workers); Ray's default is far shorter than a cold start under load
-    os.environ.setdefault("RAY_agent_register_timeout_ms", str(AGENT_REGISTER_TIMEOUT_S * 1000))
+    _local_ray_environment()
     import ray
 
-    if "ray._private.ray_constants" in sys.modules:  # imported before the variables were set: apply them now
-        from ray._private import ray_constants
-        from ray._raylet import Config
-
-        ray_constants.ENABLE_RAY_CLUSTER = False
-        Config.initialize("")
     if ray.is_initialized():
         raise RuntimeError("start_local_head: Ray is already initialised in this process")
     root = str(Path(__file__).resolve().parents[2])
