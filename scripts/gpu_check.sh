@@ -2,10 +2,12 @@
 # GPU check for one CUDA machine: prints the GPU (nvidia-smi) and the torch / CUDA versions, runs the `gpu` tests
 # (tests/test_gpu.py: the decoder against transformers in fp32 and bf16, pre-training, an RL step, activation
 # checkpointing and FSDP2 on the GPU), then the GPU benchmark (benchmarks/bench_gpu.py, issue shape), which writes
-# benchmarks/RESULTS_gpu.md.
+# benchmarks/RESULTS_gpu.md, then the distill path (benchmarks/bench_distill_gpu.py: Qwen3.5-9B LoRA SFT at 4K tokens
+# and a 0.6B full SFT under FSDP through distill-sft's Trainer arguments, beside the memory plan), which writes
+# benchmarks/RESULTS_distill_gpu.md.
 #
-# Time: about 4 minutes on one H200 (tests ~1.5 min, benchmark ~2 min), never more than 8: every stage runs under
-# `timeout` (tests 150 s, benchmark 240 s with a 180 s measurement budget), plus a few seconds of set-up.
+# Time: about 5 minutes on one H200, never more than 8: every stage runs under `timeout` (tests 150 s, benchmark
+# 180 s with a 130 s measurement budget, distill path 130 s), plus a few seconds of set-up.
 # Installs nothing when the kit and its test dependencies import; otherwise `pip install -e ".[dev]"` constrained to
 # the torch already installed (torch is never replaced; this path needs the package index and more time). The
 # benchmark runs even when tests fail; the exit status is non-zero when any stage failed.
@@ -71,12 +73,16 @@ timeout -k 10 150 "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} "${g
     || failed+=("gpu tests (rc $?)")
 
 stage "benchmark"
-timeout -k 10 240 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 180 \
+timeout -k 10 180 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 130 \
     --out benchmarks/RESULTS_gpu.md || failed+=("benchmark (rc $?)")
+
+stage "distill path"
+timeout -k 10 130 "$PY" benchmarks/bench_distill_gpu.py --shape issue --steps 4 \
+    --out benchmarks/RESULTS_distill_gpu.md || failed+=("distill path (rc $?)")
 
 stage "summary"
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all GPU checks passed; results in benchmarks/RESULTS_gpu.md"
+echo "all GPU checks passed; results in benchmarks/RESULTS_gpu.md and benchmarks/RESULTS_distill_gpu.md"

@@ -97,3 +97,22 @@ def test_cpu_smoke_run_writes_the_table(tmp_path):
             assert math.isfinite(v) and v > 0, (name, col, row[col])
     assert "kit speed" in rows["prefill 128 tok, transformers eager"]["note"]
     assert "ran in bf16" in text  # the autocast probe: the kit casts the experts' grouped GEMM operands itself
+
+
+@pytest.mark.slow
+def test_the_distill_path_bench_runs_its_cases_on_the_tiny_shape(tmp_path):
+    """benchmarks/bench_distill_gpu.py as gpu_check.sh runs it, at toy size on a CPU: both cases train through
+    distill-sft's Trainer arguments (LoRA adapters only; the full fine-tune in fp32) and report tokens/s and the
+    plan (a CPU has no peak counter, and accelerate shards on accelerators only)."""
+    out = tmp_path / "RESULTS_distill_gpu.md"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_distill_gpu.py"), "--shape", "tiny",
+                        "--steps", "2", "--out", str(out)], capture_output=True, text=True, cwd=ROOT, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = parse_table(out.read_text())
+    assert list(rows) == ["lora", "fsdp"]
+    for row in rows.values():
+        assert number(row["tokens/s"]) > 0 and number(row["planned tensors GiB"]) >= 0 and row["steps"] == "2"
+        assert row["trained dtypes"] == "float32"  # adapters, or the full model's master weights
+    assert number(rows["lora"]["model"].rstrip("MB")) > 0
