@@ -250,7 +250,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     else:
         model = tiny_kit_model(args.vocab_size, args.seed) if args.random_kit else load_model(args.model)
     serve(model, host=args.host, port=args.port, allow_remote=args.allow_remote,
-          model_path=str(Path(args.model).resolve()) if args.model else None, seed=args.seed,
+          model_path=str(Path(args.model).absolute()) if args.model else None, seed=args.seed,
           api_key=os.environ.get("SGLANG_API_KEY") if args.api_key == "env" else args.api_key,
           admin_api_key=(os.environ.get("SGLANG_ADMIN_API_KEY") if args.admin_api_key == "env"
                          else args.admin_api_key))

@@ -328,7 +328,7 @@ class SGLangEngine:
         """``POST /update_weights_from_disk``: the server reloads weights from ``model_path`` (a transformers
         ``save_pretrained`` folder it can read) and stamps ``version`` on later requests."""
         out = self._call("POST", "/update_weights_from_disk", {
-            "model_path": str(Path(model_path).resolve()), "weight_version": str(int(version)),
+            "model_path": str(Path(model_path).absolute()), "weight_version": str(int(version)),
             "abort_all_requests": abort_all_requests})
         body = _body(out)
         if out.status_code != 200 or not body.get("success", False):
