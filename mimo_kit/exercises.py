@@ -50,13 +50,17 @@ class Exercise:
 
     ``tol`` is an absolute tolerance on every number of the answer (a tuple gives one per element); ``None``
     means exact (integers, strings, indices). ``normalise`` maps an answer and the reference to the form they are
-    compared in (a command line to the job it runs)."""
+    compared in (a command line to the job it runs). Before any comparison an answer's numbers are read in plain
+    Python (:func:`plain`): numpy and torch scalars and arrays, ``Fraction``, ``Decimal`` and numeric strings
+    where a number is asked are the same answer as the float or int they hold. ``unordered``: the sorted list is
+    only the canonical form of a set, so a set is accepted (a list must still be the sorted one)."""
 
     chapter: str
     number: int
     form: str
     tol: float | tuple[float, ...] | None = None
     normalise: Callable[[Any], Any] | None = None
+    unordered: bool = False  # a sorted list asked as the canonical form of a set: a set is the same answer
 
     @property
     def label(self) -> str:
@@ -67,38 +71,146 @@ class Exercise:
         suite or build a sanitizer target)."""
         return copy.deepcopy(_reference(self.chapter, self.number))
 
-    def accepts(self, answer: Any) -> bool:
+    def _pair(self, answer: Any) -> tuple[Any, Any]:
+        """The answer and the reference in the form they are compared in."""
         ref = self.reference()
         if self.normalise is not None:
             answer, ref = self.normalise(answer), self.normalise(ref)
+        answer, ref = plain(answer, ref), plain(ref)
+        if self.unordered and isinstance(ref, list) and isinstance(answer, set):  # a set is the sorted list
+            try:
+                answer = sorted(answer)
+            except TypeError:  # elements that do not order: compared as given (and refused: a set is not a list)
+                pass
+        return answer, ref
+
+    def accepts(self, answer: Any) -> bool:
+        answer, ref = self._pair(answer)
         return _match(answer, ref, self.tol)
 
+    def explain(self, answer: Any) -> str | None:
+        """A sentence saying how the answer's type or shape differs from the one asked; None when they agree."""
+        answer, ref = self._pair(answer)
+        return _shape_mismatch(answer, ref)
+
     def check(self, answer: Any) -> bool | None:
-        """Print ✓ / ✗ for a notebook (never raises, so a notebook runs through); None while unanswered."""
+        """Print ✓ / ✗ for a notebook (never raises, so a notebook runs through); None while unanswered. A wrong
+        type or shape is answered with what was expected."""
         head = f"exercise {self.number} ({self.form})"
         if answer is None:
             print(f"{head}: not answered yet")
             return None
-        ok = self.accepts(answer)
-        print(f"{head}: {'✓ correct' if ok else '✗ not quite, try again'}")
+        try:
+            ok = self.accepts(answer)
+            why = None if ok else self.explain(answer)
+        except Exception as e:  # noqa: BLE001 - a checker must never stop a student's notebook
+            ok, why = False, f"the answer could not be compared ({type(e).__name__}: {str(e)[:120]})"
+        print(f"{head}: {'✓ correct' if ok else '✗ not quite, try again'}" + (f": {why}" if why else ""))
         return ok
+
+
+#: relative slack of an "exact" number: a float32 (or a tensor's) rounding of the exact value, ~6e-8 relative, is
+#: the same answer; a genuinely different number is off by far more
+EXACT_RTOL = 1e-6
+
+
+def plain(x: Any, like: Any = None) -> Any:
+    """An answer in plain Python: numpy / torch scalars → int or float, arrays and tensors → (nested) lists (a
+    one-element one → its number when ``like`` is a number), ``Fraction`` / ``Decimal`` → float (int when whole),
+    tuples → lists, sets → sets of plain elements; a string holding a number → that number when ``like`` (the
+    reference) is one. Anything else is returned as it is."""
+    import decimal
+    import fractions
+    import math
+
+    if isinstance(x, bool) or x is None:
+        return x
+    mod = type(x).__module__
+    if mod.startswith(("torch", "numpy")) and hasattr(x, "tolist"):
+        x = x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist()
+        if isinstance(x, list) and _number(like):
+            flat = _flatten(x)
+            if len(flat) == 1:
+                x = flat[0]
+        return plain(x, like)
+    if isinstance(x, (fractions.Fraction, decimal.Decimal)):
+        f = float(x)
+        return int(f) if math.isfinite(f) and f == int(f) and isinstance(like, int) else f
+    if isinstance(x, str) and _number(like):
+        text = x.strip().replace("_", "")
+        for parse in (int, float):
+            try:
+                return parse(text)
+            except ValueError:
+                continue
+        return x
+    if isinstance(x, (list, tuple)):
+        likes = like if isinstance(like, (list, tuple)) and len(like) == len(x) else [None] * len(x)
+        return [plain(v, lk) for v, lk in zip(x, likes)]
+    if isinstance(x, (set, frozenset)):
+        item = next(iter(like), None) if isinstance(like, (list, set)) and like else None
+        out = [plain(v, item) for v in x]
+        try:
+            return set(out)
+        except TypeError:
+            return out
+    return x
+
+
+def _flatten(x: Any) -> list:
+    return [y for v in x for y in _flatten(v)] if isinstance(x, list) else [x]
 
 
 def _match(a: Any, b: Any, tol: float | tuple | None) -> bool:
     if isinstance(b, (list, tuple)):
+        if isinstance(a, set):
+            return False  # order is asked: a set has none
         if not isinstance(a, (list, tuple)) or len(a) != len(b):
             return False
         tols = tol if isinstance(tol, tuple) else (tol,) * len(b)
         return all(_match(x, y, t) for x, y, t in zip(a, b, tols))
     if _number(a) and _number(b):
         if tol is None:  # exact, up to float representation
-            return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+            return abs(a - b) <= EXACT_RTOL * max(1.0, abs(b))
         return abs(a - b) <= tol + 1e-12
     return a == b
 
 
 def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _kind(x: Any) -> str:
+    if _number(x):
+        return "a number"
+    if isinstance(x, str):
+        return "a string"
+    if isinstance(x, (list, tuple)):
+        return f"a list of {len(x)}"
+    if isinstance(x, set):
+        return f"a set of {len(x)}"
+    return f"a {type(x).__name__}"
+
+
+def _shape_mismatch(a: Any, b: Any) -> str | None:
+    """How ``a``'s type or shape differs from the reference ``b``'s, as a sentence; None when they agree."""
+    if isinstance(b, (list, tuple)):
+        if isinstance(a, set):
+            return f"expected a list of {len(b)} in order (the form asks for one), got a set"
+        if not isinstance(a, (list, tuple)):
+            return f"expected a list of {len(b)}, got {_kind(a)}"
+        if len(a) != len(b):
+            return f"expected a list of {len(b)}, got a list of {len(a)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            why = _shape_mismatch(x, y)
+            if why:
+                return f"element {i}: {why}"
+        return None
+    if _number(b) and not _number(a):
+        return f"expected a number, got {_kind(a)}"
+    if isinstance(b, str) and not isinstance(a, str):
+        return f"expected a string, got {_kind(a)}"
+    return None
 
 
 _ALL = [
@@ -123,7 +235,7 @@ _ALL = [
     Exercise("ch04b", 1, "an integer: tasks bypassed"),
     Exercise("ch04b", 2, "a tuple (type, function, file) of strings"),
     Exercise("ch04b", 3, "R to 3 decimals, ±0.0005", tol=0.0005),
-    Exercise("ch04b", 4, "a sorted list of the rubric item names `sprawl` fails"),
+    Exercise("ch04b", 4, "a sorted list of the rubric item names `sprawl` fails", unordered=True),
     Exercise("ch04c", 1, "two advantages to 4 decimals, ±0.0005 (the kit's ε = 1e-4 in the std is inside it)",
              tol=0.0005),
     Exercise("ch04c", 2, "an index 0–3"),
@@ -135,10 +247,10 @@ _ALL = [
              normalise=_stripped),
     Exercise("ch05b", 1, "k_t to 4 decimals, ±0.0001", tol=0.0001),
     Exercise("ch05b", 2, "nats to 3 decimals, ±0.001", tol=0.001),
-    Exercise("ch05b", 3, "a sorted list of row indices"),
+    Exercise("ch05b", 3, "a sorted list of row indices", unordered=True),
     Exercise("ch06", 1, "two budgets to 2 decimals, ±0.005", tol=0.005),
     Exercise("ch06", 2, "a weight to 2 decimals, ±0.005", tol=0.005),
-    Exercise("ch06", 3, "a sorted list of token ids"),
+    Exercise("ch06", 3, "a sorted list of token ids", unordered=True),
     Exercise("ch07", 1, "a share to 3 decimals, ±0.001", tol=0.001),
     Exercise("ch07", 2, "GiB to 2 decimals, ±0.01", tol=0.01),
     Exercise("ch07", 3, "a weight to 5 decimals, ±0.00001", tol=0.00001),

@@ -101,3 +101,114 @@ def test_match_compares_structure_and_tolerance():
 
 def test_a_pasted_tool_output_keeps_its_newline_and_still_passes():
     assert exercise("ch05a", 2).accepts("2:+5\n") and not exercise("ch05a", 2).accepts("2:+6")
+
+
+# ---- every numeric form a student writes is the same answer; no answer makes check raise ------------------------
+def _number_forms(x):
+    """The forms a number is written in: plain, numpy, torch (0-d and one-element), Fraction, Decimal, strings."""
+    import decimal
+    import fractions
+
+    import numpy as np
+    import torch
+
+    forms = [x, np.float64(x), torch.tensor(float(x), dtype=torch.float64), torch.tensor([float(x)]),
+             np.array([x]), decimal.Decimal(repr(x)), str(x), f" {x}\n"]
+    if isinstance(x, int):
+        forms += [np.int64(x), torch.tensor(x), fractions.Fraction(x), float(x)]
+    else:
+        forms += [np.float32(x), torch.tensor(x, dtype=torch.float32), fractions.Fraction(x)]
+    return forms
+
+
+def _answer_forms(ref, unordered):
+    """Strategy: ``ref`` written in any of the forms above, element by element, in any container form."""
+    from hypothesis import strategies as st
+
+    if isinstance(ref, bool) or not isinstance(ref, (int, float, list, tuple)):
+        return st.just(ref)
+    if isinstance(ref, (int, float)):
+        return st.sampled_from(_number_forms(ref))
+    items = [_answer_forms(v, False) for v in ref]
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in ref)
+
+    def containers(values):
+        import numpy as np
+        import torch
+
+        out = [list(values), tuple(values)]
+        if numeric:
+            out += [np.array(list(ref), dtype=np.float64), torch.tensor([float(v) for v in ref], dtype=torch.float64)]
+        if unordered and all(isinstance(v, (int, str)) for v in ref):
+            out.append(set(ref))
+        return st.sampled_from(out)
+    return st.tuples(*items).flatmap(containers)
+
+
+@pytest.mark.parametrize("key", [pytest.param(k, marks=pytest.mark.slow) if k in SLOW_EXERCISES else k
+                                 for k in sorted(EXERCISES)], ids=[f"{c}-{n}" for c, n in sorted(EXERCISES)])
+def test_every_form_of_the_reference_is_accepted(key):
+    """numpy and torch scalars and arrays, one-element tensors, Fraction, Decimal, numeric strings, tuples, and sets
+    where the form is a sorted list (order not asked): the same answer as the reference."""
+    from hypothesis import HealthCheck, given, settings
+
+    ex = EXERCISES[key]
+    ref = ex.reference()
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_answer_forms(ref, ex.unordered))
+    def accepted(answer):
+        assert ex.accepts(answer), (answer, ref)
+
+    accepted()
+
+
+JUNK = [[1, 2, 3], "not a number", {"a": 1}, float("nan"), float("inf"), object(), {1, 2}, (), [[1.0], [2.0]]]
+
+
+@pytest.mark.parametrize("key", [("ch02b", 1), ("ch04c", 1), ("ch04c", 3), ("ch06", 2), ("ch06", 3), ("ch05a", 2),
+                                 ("ch04b", 2)], ids=str)
+def test_check_never_raises_and_says_what_was_expected(key, capsys):
+    """Any answer, of any type or shape: check returns a verdict and, for a wrong type or shape, says what it
+    expected (a multi-element tensor where one number is asked once crashed it)."""
+    import numpy as np
+    import torch
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    ex = EXERCISES[key]
+    answers = st.one_of(st.sampled_from(JUNK), st.floats(allow_nan=True), st.text(max_size=8),
+                        st.lists(st.floats(-10, 10), max_size=4),
+                        st.integers(0, 3).map(lambda n: torch.randn(n, 2)),
+                        st.integers(0, 3).map(lambda n: np.zeros((n,))))
+
+    @settings(max_examples=60, deadline=None)
+    @given(answers)
+    def never_raises(answer):
+        assert ex.check(answer) in (True, False)
+
+    never_raises()
+    assert ex.check(torch.randn(3, 2)) is False
+    out = capsys.readouterr().out.splitlines()[-1]
+    assert "✗" in out and "expected" in out, out
+
+
+def test_the_forms_a_course_reported_rejected_now_pass():
+    """The cases a lecturer's students wrote (issue 32, Found 1): arrays, tensors and sets for lists, float32 and
+    Fraction for exact values, numeric strings."""
+    import fractions
+
+    import numpy as np
+    import torch
+
+    for key in (("ch04c", 1), ("ch06", 1)):
+        ref = exercise(*key).reference()
+        assert exercise(*key).accepts(np.array(ref)) and exercise(*key).accepts(torch.tensor(ref))
+    ids = exercise("ch06", 3).reference()
+    assert exercise("ch06", 3).accepts(set(ids)) and exercise("ch06", 3).accepts(np.array(ids))
+    assert not exercise("ch06", 3).accepts(list(reversed(ids)))  # a list must be the sorted one the form asks
+    assert exercise("ch02b", 1).accepts("4.16") and exercise("ch02b", 1).accepts(np.float32(4.16114))
+    n = exercise("ch02a", 3).reference()
+    assert exercise("ch02a", 3).accepts(str(n)) and exercise("ch02a", 3).accepts(fractions.Fraction(n))
+    assert exercise("ch02a", 3).accepts(np.float32(n)) == (abs(float(np.float32(n)) - n) <= 1e-6 * max(1, n))
+    assert not exercise("ch04c", 1).accepts(set(exercise("ch04c", 1).reference()))  # order is asked there
