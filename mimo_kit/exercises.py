@@ -89,9 +89,14 @@ class Exercise:
         return _match(answer, ref, self.tol)
 
     def explain(self, answer: Any) -> str | None:
-        """A sentence saying how the answer's type or shape differs from the one asked; None when they agree."""
+        """A sentence saying how the answer's type or shape differs from the one asked (or that a number is the
+        reference as a percent where a ratio is asked); None when nothing but the value differs."""
         answer, ref = self._pair(answer)
-        return _shape_mismatch(answer, ref)
+        why = _shape_mismatch(answer, ref)
+        if why is None and _number(answer) and _number(ref) and 0 < abs(ref) <= 1 and self.tol is not None:
+            if _match(answer, 100 * ref, 100 * self.tol if isinstance(self.tol, float) else None):
+                why = "this is the answer as a percent; the form asks for a ratio (a share between 0 and 1)"
+        return why
 
     def check(self, answer: Any) -> bool | None:
         """Print ✓ / ✗ for a notebook (never raises, so a notebook runs through); None while unanswered. A wrong

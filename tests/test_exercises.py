@@ -212,3 +212,12 @@ def test_the_forms_a_course_reported_rejected_now_pass():
     assert exercise("ch02a", 3).accepts(str(n)) and exercise("ch02a", 3).accepts(fractions.Fraction(n))
     assert exercise("ch02a", 3).accepts(np.float32(n)) == (abs(float(np.float32(n)) - n) <= 1e-6 * max(1, n))
     assert not exercise("ch04c", 1).accepts(set(exercise("ch04c", 1).reference()))  # order is asked there
+
+
+def test_a_percent_where_a_ratio_is_asked_is_named(capsys):
+    """Chapter 7's share is asked as a ratio (the text does not allow a percent): 35.1 is refused, and said why."""
+    ex = exercise("ch07", 1)
+    share = ex.reference()
+    assert ex.check(round(100 * share, 1)) is False
+    assert "percent" in capsys.readouterr().out
+    assert ex.check(share) is True and ex.explain(0.9) is None
