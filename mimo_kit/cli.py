@@ -197,6 +197,21 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grade(args: argparse.Namespace) -> int:
+    from mimo_kit.grade import grade
+
+    try:
+        graded = grade(args.notebooks, args.out, timeout=args.timeout, preset=args.preset)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"mimo-kit: error: {e}", file=sys.stderr)
+        return 2
+    for g in graded:
+        errors = f" · {len(g.errors)} cell error(s)" if g.errors else ""
+        print(f"{g.student:>16} {g.chapter:6} {g.score}/{len(g.verdicts)}{errors}")
+    print(f"gradebook → {args.out}")
+    return 0
+
+
 def cmd_slides(args: argparse.Namespace) -> int:
     from mimo_kit.course import NOTEBOOK_DIR
     from mimo_kit.slides import write_slides
@@ -332,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("notebooks", help="re-execute notebooks in place (committed outputs, tiny preset)")
     n.add_argument("--only", help="only notebooks whose name contains this")
     n.set_defaults(fn=cmd_notebooks)
+
+    gr = sub.add_parser("grade", help="execute students' chapter notebooks, collect every exercise's verdict "
+                        "→ a gradebook CSV")
+    gr.add_argument("notebooks", nargs="+", help="submitted notebooks (submissions/STUDENT/chXX_….ipynb)")
+    gr.add_argument("--out", default="grades.csv", help="the gradebook (default grades.csv)")
+    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell; a cell over it is interrupted")
+    gr.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
+    gr.set_defaults(fn=cmd_grade)
 
     sl = sub.add_parser("slides", help="one reveal.js deck per committed chapter notebook (not executed)")
     sl.add_argument("--out", default="runs/slides")

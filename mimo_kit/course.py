@@ -85,12 +85,16 @@ def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: s
     from nbclient import NotebookClient
 
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-    # the kernel's own environment (not this process's): several chapters can start kernels at once
+    client.execute(env=kernel_env(quick=quick, preset=preset, threads=threads))
+
+
+def kernel_env(*, quick: bool, preset: str, threads: int | None = None) -> dict[str, str]:
+    """A chapter kernel's own environment (not this process's: several chapters can start kernels at once)."""
     env = {**os.environ, "MIMO_KIT_QUICK": "1" if quick else "0", "MIMO_KIT_PRESET": preset,
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     if threads is not None:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    client.execute(env=env)
+    return env
 
 
 def title_of(nb: nbformat.NotebookNode, fallback: str) -> str:

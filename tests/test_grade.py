@@ -1,0 +1,67 @@
+"""Autograding: three submissions of chapter 2a's exercises (all right, half right, broken) executed by
+`mimo-kit grade`, and the gradebook they make."""
+
+import csv
+
+import nbformat
+import pytest
+
+from mimo_kit.cli import main
+from mimo_kit.exercises import chapter_exercises, exercise
+from mimo_kit.grade import chapter_of, verdicts_of
+
+
+def submission(path, answers: dict, broken: bool = False):
+    """A chapter 2a notebook: one cell per exercise, ``answers[n]`` written as a literal (None: unanswered)."""
+    cells = [nbformat.v4.new_code_cell("from mimo_kit.exercises import exercise")]
+    if broken:  # a cell that raises before the answers, and one that is not Python at all
+        cells += [nbformat.v4.new_code_cell("raise RuntimeError('my model diverged')"),
+                  nbformat.v4.new_code_cell("def (:")]
+    for n in (1, 2, 3):
+        cells.append(nbformat.v4.new_code_cell(f"answer_{n} = {answers.get(n)!r}\n"
+                                               f'exercise("ch02a", {n}).check(answer_{n})'))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    return path
+
+
+@pytest.mark.slow
+def test_grade_writes_the_gradebook_of_three_submissions(tmp_path, capsys):
+    refs = {n: exercise("ch02a", n).reference() for n in (1, 2, 3)}
+    right = submission(tmp_path / "alice" / "ch02a_architecture.ipynb", refs)
+    half = submission(tmp_path / "bob" / "ch02a_architecture.ipynb", {1: refs[1], 2: refs[2] + 1.0})
+    broken = submission(tmp_path / "carol" / "ch02a_architecture.ipynb", {1: refs[1], 3: refs[3] + 7}, broken=True)
+    out = tmp_path / "grades.csv"
+    assert main(["grade", str(right), str(half), str(broken), "--out", str(out), "--timeout", "120"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    got = {(r["student"], int(r["exercise"])): (r["verdict"], int(r["points"])) for r in rows}
+    assert got == {("alice", 1): ("correct", 1), ("alice", 2): ("correct", 1), ("alice", 3): ("correct", 1),
+                   ("bob", 1): ("correct", 1), ("bob", 2): ("wrong", 0), ("bob", 3): ("unanswered", 0),
+                   ("carol", 1): ("correct", 1), ("carol", 2): ("unanswered", 0), ("carol", 3): ("wrong", 0)}
+    assert {r["chapter"] for r in rows} == {"ch02a"} and {r["notebook"] for r in rows} == {"ch02a_architecture.ipynb"}
+    printed = capsys.readouterr().out
+    assert "alice" in printed and "3/3" in printed and "1/3" in printed and "2 cell error(s)" in printed
+    assert not (tmp_path / "alice" / "runs").exists()  # executed in a private copy of the folder
+
+
+def test_verdicts_cover_every_registered_exercise_and_a_cell_that_never_printed():
+    """Read from outputs alone: a check that printed, one whose cell raised first (not run), one never asked."""
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell('exercise("ch02a", 1).check(x)', outputs=[nbformat.v4.new_output(
+            "stream", name="stdout", text="exercise 1 (GiB to 2 decimals, ±0.005): ✓ correct\n")]),
+        nbformat.v4.new_code_cell('exercise("ch02a", 2).check(y)', outputs=[nbformat.v4.new_output(
+            "error", ename="NameError", evalue="name 'y' is not defined", traceback=[])])])
+    verdicts, errors = verdicts_of(nb, "ch02a")
+    assert verdicts == {1: "correct", 2: "not run", 3: "missing"}
+    assert errors == ["cell 1: NameError: name 'y' is not defined"]
+    assert set(verdicts) == {e.number for e in chapter_exercises("ch02a")}
+
+
+def test_a_notebook_that_names_no_chapter_is_refused(tmp_path, capsys):
+    path = tmp_path / "homework.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("1 + 1")]), path)
+    with pytest.raises(ValueError, match="names no chapter"):
+        chapter_of(nbformat.read(path, as_version=4), path)
+    assert main(["grade", str(path), "--out", str(tmp_path / "g.csv")]) == 2
+    assert main(["grade", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "g.csv")]) == 2
+    assert "no such notebook" in capsys.readouterr().err
