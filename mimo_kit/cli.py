@@ -208,6 +208,9 @@ def cmd_grade(args: argparse.Namespace) -> int:
     for g in graded:
         errors = f" · {len(g.errors)} cell error(s)" if g.errors else ""
         print(f"{g.student:>16} {g.chapter:6} {g.score}/{len(g.verdicts)}{errors}")
+    if graded and not all(g.sandboxed for g in graded):
+        print("note: `unshare -rn` is refused here, so the kernels ran with this account's network and files",
+              file=sys.stderr)
     print(f"gradebook → {args.out}")
     return 0
 

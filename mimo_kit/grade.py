@@ -5,6 +5,11 @@ way a student ran it (quick mode, the ``tiny`` preset), in a private copy of its
 there), each cell bounded by ``timeout`` seconds (a cell that runs over is interrupted) and errors allowed: a
 failing cell is recorded and the cells after it still run, so a broken notebook keeps what it answered.
 
+The kernel is sandboxed where the machine allows it: it starts under ``unshare -rn`` (a user and a network
+namespace: no network, not even the loopback) and talks to the grader over Unix sockets (Jupyter's ``ipc``
+transport) instead of TCP. Where ``unshare`` is refused (a container without user namespaces) the kernel runs
+unsandboxed and the grader says so.
+
 Verdicts are the registry's own (:meth:`mimo_kit.exercises.Exercise.check` prints ``exercise N (form): ✓ correct``,
 ``✗ not quite…`` or ``not answered yet``), read from the output of the cell that called
 ``exercise("chXX", N).check(…)``. Every exercise the chapter registers gets a row, also those the notebook never
@@ -20,8 +25,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,6 +51,7 @@ class Graded:
     chapter: str
     verdicts: dict[int, str]
     errors: list[str]
+    sandboxed: bool = False  # the kernel ran without network (unshare -rn)
 
     @property
     def score(self) -> int:
@@ -105,8 +113,31 @@ def student_of(path: Path, paths: Sequence[Path]) -> str:
     return path.stem if shared or path.parent == Path(".") else path.parent.name
 
 
-def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "tiny") -> Graded:
-    """Execute one submission in a private copy of its folder and read its verdicts."""
+@functools.cache
+def sandbox_available() -> bool:
+    """Whether ``unshare -rn`` runs here (user namespaces allowed)."""
+    try:
+        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def _sandboxed_kernel_class():
+    from jupyter_client import KernelManager
+
+    class SandboxedKernelManager(KernelManager):
+        """A kernel started under ``unshare -rn``: its own user and network namespace (no network)."""
+
+        def format_kernel_cmd(self, extra_arguments=None):
+            return ["unshare", "-rn", *super().format_kernel_cmd(extra_arguments)]
+
+    return SandboxedKernelManager
+
+
+def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "tiny",
+              sandbox: bool | None = None) -> Graded:
+    """Execute one submission in a private copy of its folder and read its verdicts. ``sandbox``: the kernel
+    without network (default: wherever ``unshare -rn`` works)."""
     from nbclient import NotebookClient
 
     from mimo_kit.course import kernel_env
@@ -114,27 +145,33 @@ def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "ti
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
     chapter = chapter_of(nb, path)
+    sandbox = sandbox_available() if sandbox is None else sandbox
     with tempfile.TemporaryDirectory(prefix="mimo-kit-grade-") as tmp:
         work = Path(tmp) / "work"
         shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns("*.ipynb", "runs", ".ipynb_checkpoints"))
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                                 interrupt_on_timeout=True, resources={"metadata": {"path": str(work)}})
+        if sandbox:  # Unix sockets cross the network namespace; TCP on the loopback would not
+            client.km = _sandboxed_kernel_class()(kernel_name="python3", transport="ipc",
+                                                  ip=str(Path(tmp) / "kernel"))
         try:
             client.execute(env=kernel_env(quick=True, preset=preset))
             failure = None
         except Exception as e:  # noqa: BLE001 - a kernel that dies is this submission's failure, not the grader's
             failure = f"the kernel stopped: {type(e).__name__}: {str(e)[:200]}"
     verdicts, errors = verdicts_of(nb, chapter)
-    return Graded(student, path.name, chapter, verdicts, errors + ([failure] if failure else []))
+    return Graded(student, path.name, chapter, verdicts, errors + ([failure] if failure else []), sandbox)
 
 
-def grade(paths: Sequence[str | Path], out: str | Path, *, timeout: int = 600, preset: str = "tiny") -> list[Graded]:
+def grade(paths: Sequence[str | Path], out: str | Path, *, timeout: int = 600, preset: str = "tiny",
+          sandbox: bool | None = None) -> list[Graded]:
     """Grade every submission and write the gradebook CSV to ``out``."""
     paths = [Path(p) for p in paths]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise FileNotFoundError(f"grade: no such notebook: {', '.join(missing)}")
-    graded = [grade_one(p, student=student_of(p, paths), timeout=timeout, preset=preset) for p in paths]
+    graded = [grade_one(p, student=student_of(p, paths), timeout=timeout, preset=preset, sandbox=sandbox)
+              for p in paths]
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with out.open("w", newline="") as f:

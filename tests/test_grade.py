@@ -65,3 +65,31 @@ def test_a_notebook_that_names_no_chapter_is_refused(tmp_path, capsys):
     assert main(["grade", str(path), "--out", str(tmp_path / "g.csv")]) == 2
     assert main(["grade", str(tmp_path / "nope.ipynb"), "--out", str(tmp_path / "g.csv")]) == 2
     assert "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sandboxed_kernel_has_no_network(tmp_path):
+    """Where `unshare -rn` works the kernel has its own network namespace: a listener the grader opens on
+    127.0.0.1 is out of the kernel's reach, while the same cell unsandboxed reaches it."""
+    import socket
+
+    from mimo_kit.grade import grade_one, sandbox_available
+
+    if not sandbox_available():
+        pytest.skip("unshare -rn is refused on this machine (no user namespaces)")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        reach = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3)\n"
+                 "    answer_1 = 1\nexcept OSError:\n    answer_1 = None\n"
+                 'exercise("ch02a", 1).check(answer_1)')
+        path = tmp_path / "dana" / "ch02a_architecture.ipynb"
+        path.parent.mkdir()
+        nbformat.write(nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell("from mimo_kit.exercises import exercise"), nbformat.v4.new_code_cell(reach)]),
+            path)
+        boxed = grade_one(path, student="dana", timeout=60, sandbox=True)
+        open_ = grade_one(path, student="dana", timeout=60, sandbox=False)
+    assert boxed.sandboxed and boxed.verdicts[1] == "unanswered"  # the connection failed inside the sandbox
+    assert not open_.sandboxed and open_.verdicts[1] == "wrong"  # it connected (1 is not the answer)
