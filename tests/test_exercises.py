@@ -221,3 +221,41 @@ def test_a_percent_where_a_ratio_is_asked_is_named(capsys):
     assert ex.check(round(100 * share, 1)) is False
     assert "percent" in capsys.readouterr().out
     assert ex.check(share) is True and ex.explain(0.9) is None
+
+
+@pytest.mark.parametrize("key", [k for k, e in EXERCISES.items() if e.decimals is not None], ids=str)
+def test_every_correct_rounding_passes_and_a_mis_rounding_does_not(key):
+    """The reference is the unrounded value: its rounding at the asked precision or finer passes; the same
+    rounding moved by one unit in its last place (a mis-rounding) does not."""
+    from mimo_kit.exercises import EXACT_RTOL, decimals_of
+
+    ex = EXERCISES[key]
+    ref = ex.reference()
+    values = ref if isinstance(ref, list) else [ref]
+    asked = ex.decimals if isinstance(ex.decimals, tuple) else (ex.decimals,) * len(values)
+
+    def pack(xs):
+        return list(xs) if isinstance(ref, list) else xs[0]
+
+    for extra in (0, 1, 2, 4):
+        rounded = [round(v, d + extra) for v, d in zip(values, asked)]
+        assert ex.accepts(pack(rounded)), (extra, rounded)
+        for i, (v, d) in enumerate(zip(values, asked)):
+            unit = 10.0 ** -(d + extra)
+            if abs(abs(v - round(v, d + extra)) - unit / 2) < unit / 100 or v == round(v, d + extra):
+                continue  # a tie, or an exact value: both neighbours are honest roundings, or none exists
+            if unit <= 4 * EXACT_RTOL * max(1.0, abs(v)):
+                continue  # finer than float32's rounding of the value, which is the same answer
+            for sign in (+1, -1):
+                wrong = list(rounded)
+                wrong[i] = round(rounded[i] + sign * unit, d + extra)
+                if decimals_of(wrong[i]) < d + extra:  # it reads as a coarser rounding, which may be the right one
+                    continue
+                assert not ex.accepts(pack(wrong)), (extra, wrong, v)
+
+
+def test_the_mis_rounded_answers_a_course_reported_are_refused():
+    """Issue 32: pre-rounded references let these pass; against the unrounded value they do not."""
+    assert not exercise("ch04c", 1).accepts([1.1540, 0.5778])
+    assert not exercise("ch05b", 2).accepts(0.194) and exercise("ch05b", 2).accepts(0.193)
+    assert not exercise("ch06", 1).accepts([17.335, 42.675]) and exercise("ch06", 1).accepts([17.333, 42.667])

@@ -21,17 +21,30 @@ def solution(n: int):
     if n == 1:  # uncapped GAR on rewards [1, 1, 0, 0] with f = [1, 0.5]: the two passes' new advantages
         a = grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]))
         out = gar_redistribute(a, torch.tensor([True, True, False, False]), torch.tensor([1.0, 0.5, 1.0, 1.0]))
-        return [round(float(x), 4) for x in out[:2]]
+        return [float(x) for x in out[:2]]
     if n == 2:  # GRS: all four pass; S_sol = [1, .8, .9, .5], S_beh = [1, 1, .5, 1]: which trajectory ranks last?
         r = grs_reward(torch.ones(4, dtype=torch.bool), torch.tensor([1, 0.8, 0.9, 0.5]),
                        torch.tensor([1, 1, 0.5, 1.0]))
         return int(torch.argmin(r))
     if n == 3:  # length penalty of a success 2.5× the median success length, default constants
-        return round(float(length_penalty([100.0, 100.0, 250.0, 80.0], [True, True, True, False])[2]), 4)
+        return float(length_penalty([100.0, 100.0, 250.0, 80.0], [True, True, True, False])[2])
     if n == 4:  # prompt-mean loss of a batch: group 0 has rows of 2 and 6 tokens (loss 1 each), group 1 one row
         mask = torch.tensor([[1, 1, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]], dtype=torch.bool)
         loss = torch.tensor([[1.0] * 6, [1.0] * 6, [4.0] * 6])
-        return round(float(aggregate_loss(loss, mask, torch.tensor([0, 0, 1]), "prompt-mean")), 4)
+        return float(aggregate_loss(loss, mask, torch.tensor([0, 0, 1]), "prompt-mean"))
     if n == 5:  # prompts to draw for 64 kept groups at pass rate 0.9, group size 8, 90% confidence
         return prompts_to_draw(64, keep_probability(0.9, 8), confidence=0.9)
     raise ValueError(f"chapter 4c has exercises 1-5, not {n!r}")
+
+
+def alternatives(n: int) -> list:
+    """Other exact answers the chapter's text allows: exercise 1 worked with the textbook GRPO (no ε in the std)."""
+    if n == 1:
+        import torch
+
+        from mimo_kit.rl import gar_redistribute, grpo_advantages
+
+        a = grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]), eps=0.0)
+        out = gar_redistribute(a, torch.tensor([True, True, False, False]), torch.tensor([1.0, 0.5, 1.0, 1.0]))
+        return [[float(x) for x in out[:2]]]
+    return []

@@ -14,10 +14,10 @@ def solution(n: int):
 
     if n == 1:  # the sampled reverse KL k_t of a token the student gives log-prob −1.2 and the teacher −0.5
         k = opd.reverse_kl_per_token(torch.tensor([[-1.2]]), torch.tensor([[-0.5]]), torch.ones(1, 1))
-        return round(float(k), 4)
+        return float(k)
     if n == 2:  # exact KL(π_s ‖ π_t) for π_s = (0.8, 0.2), π_t = (0.5, 0.5), nats, 3 decimals
         s, t = torch.tensor([math.log(0.8), math.log(0.2)]), torch.tensor([math.log(0.5), math.log(0.5)])
-        return round(float(opd.reverse_kl_exact(s, t)), 3)
+        return float(opd.reverse_kl_exact(s, t))
     if n == 3:  # rows routed to teacher "sft" for domains open, verifiable, open, open with the kit's routes
         from mimo_kit.train.mopd import ROUTES
 

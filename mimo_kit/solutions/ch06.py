@@ -12,7 +12,7 @@ def solution(n: int):
     from mimo_kit.infra.sglang import topp_from_top_logprobs
 
     if n == 1:  # budgets (1 + p_i)·B_i/r_i of two sources: B = (8, 8), r = (0.5, 0.25), t = (1, 4), ρ = 0.25
-        return [round(float(b), 2) for b in mixer.budgets([8, 8], [0.5, 0.25], [1.0, 4.0], 0.25)]
+        return [float(b) for b in mixer.budgets([8, 8], [0.5, 0.25], [1.0, 4.0], 0.25)]
     if n == 2:  # w_i at α = 0.5 for B = 10 targets, A = 4 accepted, r = 0.5
         return float(mixer.scheduling_weights([10], [4], [0.5], alpha=0.5)[0])
     if n == 3:  # the top-p 0.9 set from SGLang's top-4 logprobs (probabilities 0.6, 0.25, 0.1, 0.05)

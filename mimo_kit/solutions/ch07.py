@@ -7,11 +7,11 @@ from __future__ import annotations
 def solution(n: int):
     """Reference answers, computed by the kit's own functions (the notebook checks against them)."""
     if n == 1:  # Report §7: 77.4B tokens, 27.2B of them with loss: the loss share, 3 decimals
-        return round(27.2 / 77.4, 3)
+        return 27.2 / 77.4
     if n == 2:  # bf16 weights of Qwen3.5-9B's text model in GiB (2 bytes per parameter), 2 decimals
         from mimo_kit.model.qwen import qwen35_9b_parameters
 
-        return round(qwen35_9b_parameters()["text"] * 2 / 2**30, 2)
+        return qwen35_9b_parameters()["text"] * 2 / 2**30
     if n == 3:  # prompt-mean weight of one token of the 40-token completion in a group of 10, 10, 20, 40 tokens
         import torch
 
@@ -19,5 +19,5 @@ def solution(n: int):
 
         lengths = torch.tensor([10, 10, 20, 40])
         mask = torch.arange(40)[None, :] < lengths[:, None]  # [4, 40]
-        return round(float(token_weights(mask, torch.zeros(4, dtype=torch.long), "prompt-mean")[3, 0]), 5)
+        return float(token_weights(mask, torch.zeros(4, dtype=torch.long), "prompt-mean")[3, 0])
     raise ValueError(f"chapter 7 has exercises 1-3, not {n!r}")
