@@ -1,6 +1,7 @@
 """Harness pool and payload porter (Report §6): tenants on persistent hosts, in process and on a local Ray head."""
 
 import pickle
+import time
 
 import pytest
 from conftest import RAY_GROUP, require
@@ -190,6 +191,14 @@ def test_a_killed_pool_actor_ends_its_tenants_as_infra_errors_and_is_replaced(ra
     victim = pool.hosts[0]
     lost = {tid for tid, h in pool.placement.items() if h is victim}
     ray.kill(victim)
+    deadline = time.monotonic() + 60  # ray.kill is asynchronous: on a loaded machine the actor may serve calls first
+    while time.monotonic() < deadline:
+        try:
+            ray.get(victim.ping.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            continue
     samples = rollout.play(engine, eps, SETTINGS)
     ref = {q.sequence_id: q for s in reference(tasks, 4, engine) for q in s.sequences}
     played = [q for s in samples for q in s.sequences]

@@ -251,25 +251,30 @@ def measure_loss_head(hidden_size: int, vocab: int, tokens: int, *, chunked: boo
 def measure_fsdp_ranks(preset: str, overrides: dict, batch: int, seq_len: int, *, nproc: int = 2,
                        timeout: float = 300.0) -> list[MeasuredFSDP]:
     """:func:`measure_fsdp_step` on ``nproc`` CPU ranks (torchrun, gloo) for the kit decoder of ``preset`` with
-    ``overrides``; one record per rank."""
+    ``overrides``; one record per rank, each written by its rank to a file of its own."""
     import json
     import subprocess
     import sys
+    import tempfile
+    from pathlib import Path
 
-    arg = json.dumps([preset, {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}, batch,
-                      seq_len])
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                           "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "mimo_kit.infra.measure",
-                           arg], capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"measure_fsdp_ranks: torchrun exited {proc.returncode}\n{proc.stderr[-3000:]}")
-    rows = [json.loads(x[len("MEASURED "):]) for x in proc.stdout.splitlines() if x.startswith("MEASURED ")]
-    return sorted((MeasuredFSDP(**r) for r in rows), key=lambda m: m.rank)
+    with tempfile.TemporaryDirectory(prefix="mimo-kit-fsdp-measure-") as out:
+        arg = json.dumps([preset, {k: list(v) if isinstance(v, tuple) else v for k, v in overrides.items()}, batch,
+                          seq_len, out])
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m",
+                               "mimo_kit.infra.measure", arg], capture_output=True, text=True, timeout=timeout)
+        files = sorted(Path(out).glob("rank*.json"))
+        if proc.returncode != 0 or len(files) != nproc:
+            raise RuntimeError(f"measure_fsdp_ranks: torchrun exited {proc.returncode} with {len(files)} of {nproc} "
+                               f"records\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        return sorted((MeasuredFSDP(**json.loads(f.read_text())) for f in files), key=lambda m: m.rank)
 
 
 def _rank_main(arg: str) -> None:
-    """One rank of :func:`measure_fsdp_ranks`: build, shard, step, print this rank's record."""
+    """One rank of :func:`measure_fsdp_ranks`: build, shard, step, write this rank's record."""
     import json
+    from pathlib import Path
 
     import torch.distributed as dist
 
@@ -277,11 +282,11 @@ def _rank_main(arg: str) -> None:
     from mimo_kit.model.config import MiMoConfig
     from mimo_kit.model.decoder import MiMoForCausalLM
 
-    preset, overrides, batch, seq_len = json.loads(arg)
+    preset, overrides, batch, seq_len, out = json.loads(arg)
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     m = measure_fsdp_step(MiMoForCausalLM(MiMoConfig.preset(preset, **overrides)), batch, seq_len)
-    print("MEASURED", json.dumps(dataclasses.asdict(m)), flush=True)
+    (Path(out) / f"rank{m.rank}.json").write_text(json.dumps(dataclasses.asdict(m)))
     close_distributed()
 
 
