@@ -263,7 +263,7 @@ from mimo_kit.speculative.decode import expected_accepted_length, residual_distr
     Key(1, r"""
 If each draft is accepted independently with probability α = 0.8, how many tokens does one round of block 8 emit on
 average (accepted drafts + bonus)? Derive the formula; `expected_accepted_length` is the kit's version. Give it to
-2 decimals or better (checked within ±0.005).""", r"""
+2 decimals or better, correctly rounded.""", r"""
 A block of $B = 8$ holds $B - 1 = 7$ drafts. The round emits the accepted prefix plus one bonus token from the
 target, so it emits at least $i + 1$ tokens exactly when the first $i$ drafts are all accepted
 ($i = 0, \dots, B - 1$), with probability $\alpha^i$:
@@ -287,7 +287,7 @@ assert not exercise("ch02b", 1).accepts(answer_1 - 1)  # the bonus token forgott
 assert not exercise("ch02b", 1).accepts((1 - alpha**9) / (1 - alpha))  # 8 drafts + bonus'''),
     Key(2, r"""
 With p = [0.5, 0.3, 0.2] and a drafter q = [0.2, 0.5, 0.3], what distribution does a rejection resample from? Give
-it as a list of three probabilities (each checked within ±0.005).""", r"""
+it as a list of three probabilities (each to 2 decimals or more, correctly rounded).""", r"""
 After a rejection the token is drawn from the normalised positive part of $p - q$ (this is what makes speculative
 sampling lossless):
 
@@ -307,7 +307,7 @@ assert not exercise("ch02b", 2).accepts([x / sum(swapped) for x in swapped])  # 
     Key(3, r"""
 A round costs one drafter pass (say 0.3 of a backbone decode step) plus one verification pass (say 1.2 decode
 steps). With the accepted length of exercise 1, what speedup over plain decoding would you expect? Give it to 2
-decimals or better (checked within ±0.005).""", r"""
+decimals or better, correctly rounded.""", r"""
 Plain decoding emits 1 token per decode step. A round emits $E = 4.1611$ tokens and costs $0.3 + 1.2 = 1.5$ decode
 steps, so
 
@@ -685,7 +685,7 @@ from mimo_kit.exercises import exercise
 from mimo_kit.train.mopd import ROUTES''', [
     Key(1, r"""
 A student token has log-prob −1.2 under the student and −0.5 under the teacher. What is its sampled reverse KL
-$k_t$ (4 decimals, ±0.0001)? Is the student pushed toward or away from that token?""", r"""
+$k_t$ (4 decimals, correctly rounded)? Is the student pushed toward or away from that token?""", r"""
 On a token $y_t$ sampled from the student, the sampled reverse KL is the log-ratio
 
 $$k_t = \log \pi_s(y_t) - \log \pi_T(y_t) = -1.2 - (-0.5) = -0.7000 .$$
@@ -702,7 +702,7 @@ assert exercise("ch05b", 1).accepts(answer_1)
 assert not exercise("ch05b", 1).accepts(logp_teacher - logp_student)  # sign flipped'''),
     Key(2, r"""
 The exact reverse KL $\mathrm{KL}(\pi_s\|\pi_T)$ in nats for $\pi_s = (0.8, 0.2)$, $\pi_T = (0.5, 0.5)$ (3
-decimals, ±0.001).""", r"""
+decimals, correctly rounded).""", r"""
 The expectation is under the student:
 
 $$\mathrm{KL}(\pi_s \| \pi_T) = \sum_v \pi_s(v) \log\frac{\pi_s(v)}{\pi_T(v)}
@@ -799,8 +799,8 @@ CH07 = Chapter("ch07_open_foundations", "ch07", "Chapter 7 · Open foundations",
 from mimo_kit.exercises import exercise
 from mimo_kit.model.qwen import qwen35_9b_parameters''', [
     Key(1, r"""
-Report §7: 77.4B tokens, 27.2B of them with loss. What share of the tokens carries loss? Give 3 decimals (checked
-to ±0.001).""", r"""
+Report §7: 77.4B tokens, 27.2B of them with loss. What share of the tokens carries loss? Give 3 decimals (a ratio,
+correctly rounded).""", r"""
 $$\frac{27.2}{77.4} = 0.35142 \approx 0.351 .$$
 
 About a third: the rest are prompts, tool outputs and other context the student reads but is not trained to
@@ -812,7 +812,7 @@ assert exercise("ch07", 1).accepts(27.2 / 77.4)  # unrounded
 assert not exercise("ch07", 1).accepts(round(1 - 27.2 / 77.4, 3))  # the share without loss'''),
     Key(2, r"""
 Qwen3.5-9B's text model has the parameter count `qwen35_9b_parameters()["text"]`. How many GiB (2³⁰ bytes) do its
-weights take in bf16 (2 bytes each)? Give 2 decimals (±0.01).""", r"""
+weights take in bf16 (2 bytes each)? Give 2 decimals, correctly rounded.""", r"""
 The text model has $N = 8\,953\,803\,264$ parameters; in bf16
 
 $$\frac{2N}{2^{30}} = \frac{17\,907\,606\,528}{1\,073\,741\,824} = 16.678 \approx 16.68 \text{ GiB}.$$
@@ -826,7 +826,7 @@ assert not exercise("ch07", 2).accepts(round(2 * n / 1e9, 2))  # decimal GB'''),
     Key(3, r"""
 One prompt's group has 4 completions with 10, 10, 20 and 40 trained tokens. Under the kit's prompt-mean aggregation
 (every prompt weighs the same; inside a prompt every token weighs the same, Report §5), what weight does one token
-of the 40-token completion get, for a batch of this one prompt? Give 5 decimals (±0.00001).""", r"""
+of the 40-token completion get, for a batch of this one prompt? Give 5 decimals, correctly rounded.""", r"""
 One prompt, so it weighs 1; its $10 + 10 + 20 + 40 = 80$ tokens share that weight equally:
 
 $$w = \frac{1}{1} \cdot \frac{1}{80} = 0.0125 .$$
