@@ -17,12 +17,12 @@ import argparse
 import contextlib
 import json
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
 
 from mimo_kit.config.base import PRESET_NAMES, ConfigError
+from mimo_kit.launch import add_run_arguments, run_target  # noqa: F401 - run_target: the command line's reader
 
 
 def _jsonable(obj):
@@ -281,13 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run one experiment")
-    r.add_argument("experiment")
-    r.add_argument("--preset", default="tiny", help=f"a scale knob ({', '.join(PRESET_NAMES)}) or a preset of the "
-                   "experiment's own config (`mimo-kit list`; e.g. rl --preset toy)")
-    r.add_argument("--config", help="a YAML config file (instead of the preset)")
-    r.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP); when named, it also holds the "
-                   "run's checkpoints and metrics unless out_dir is set")
-    r.add_argument("overrides", nargs="*", metavar="key=value")
+    add_run_arguments(r)
     r.set_defaults(fn=cmd_run)
 
     la = sub.add_parser("launch", help="one run as torchrun / sbatch / Ray job from one YAML; runs it here "
@@ -406,23 +400,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if extra:
         args.overrides = [*args.overrides, *extra]
     return args
-
-
-def run_target(command: str) -> tuple[str, dict]:
-    """The experiment and the full config a ``mimo-kit run ...`` line would run: two lines that run the same job
-    (quoting, key order, an omitted ``--preset tiny``, a key set to its preset value) give equal results."""
-    from mimo_kit import experiments
-
-    words = shlex.split(command)
-    if words[:1] == ["mimo-kit"]:
-        words = words[1:]
-    if words[:1] != ["run"]:
-        raise ValueError(f"run_target: expected a `mimo-kit run EXPERIMENT ...` line, got {command!r}")
-    args = parse_args(words)
-    if args.config:
-        raise ValueError("run_target: a --config line depends on its YAML file; give the key=value form")
-    cfg_cls = experiments.get(args.experiment).config_cls
-    return args.experiment, cfg_cls.preset(args.preset).override(args.overrides).to_dict()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,7 +39,7 @@ def _run_target(answer: Any) -> Any:
     """A ``mimo-kit run`` line as the job it runs (chapter 1, exercise 3); anything else is compared as it is."""
     if not isinstance(answer, str):
         return answer
-    from mimo_kit.cli import run_target
+    from mimo_kit.launch import run_target
 
     try:
         return run_target(answer)

@@ -76,6 +76,48 @@ def _check_shape(nnodes: int, nproc_per_node: int) -> None:
         raise ConfigError(f"launch: nproc_per_node={nproc_per_node}, nnodes={nnodes}; expected >= 1")
 
 
+def add_run_arguments(parser) -> None:
+    """The arguments of ``mimo-kit run`` (the command line's ``run`` and :func:`run_target` read lines alike)."""
+    from mimo_kit.config.base import PRESET_NAMES
+
+    parser.add_argument("experiment")
+    parser.add_argument("--preset", default="tiny", help=f"a scale knob ({', '.join(PRESET_NAMES)}) or a preset of "
+                        "the experiment's own config (`mimo-kit list`; e.g. rl --preset toy)")
+    parser.add_argument("--config", help="a YAML config file (instead of the preset)")
+    parser.add_argument("--out", help="output folder (default runs/EXPERIMENT/TIMESTAMP); when named, it also holds "
+                        "the run's checkpoints and metrics unless out_dir is set")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+
+
+def run_target(command: str) -> tuple[str, dict]:
+    """The experiment and the full config a ``mimo-kit run ...`` line would run: two lines that run the same job
+    (quoting, key order, an omitted ``--preset tiny``, a key set to its preset value) give equal results; the
+    inverse of :func:`shell_command`."""
+    import argparse
+
+    from mimo_kit import experiments
+
+    words = shlex.split(command)
+    if words[:1] == ["mimo-kit"]:
+        words = words[1:]
+    if words[:1] != ["run"]:
+        raise ValueError(f"run_target: expected a `mimo-kit run EXPERIMENT ...` line, got {command!r}")
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message):  # a line the command line refuses: a ValueError, not an exit
+            raise ValueError(f"run_target: {message} in {command!r}")
+
+    parser = Parser(prog="mimo-kit run", add_help=False)
+    add_run_arguments(parser)
+    args, extra = parser.parse_known_args(words[1:])  # key=value overrides may come before or after the options
+    if any(e.startswith("-") for e in extra):
+        raise ValueError(f"run_target: unrecognized arguments {extra} in {command!r}")
+    if args.config:
+        raise ValueError("run_target: a --config line depends on its YAML file; give the key=value form")
+    cfg_cls = experiments.get(args.experiment).config_cls
+    return args.experiment, cfg_cls.preset(args.preset).override([*args.overrides, *extra]).to_dict()
+
+
 def torchrun_command(experiment: str, cfg: Config | str | Path, preset: str = "tiny", *, nproc_per_node: int = 8,
                      nnodes: int = 1, rdzv_endpoint: str = "$MASTER_ADDR:29500", rdzv_id: str = "mimo-kit",
                      out: str | Path | None = None, rendezvous: bool | None = None) -> str:
