@@ -74,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if world > 1:  # on success only: a rank that raised leaves at once and torchrun stops the others
         close_distributed()
     if not main:
-        return 0
+        _leave_rank(0)
     text = json.dumps(_jsonable(result), indent=2)
     (out / "result.json").write_text(text + "\n")
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -83,7 +83,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"result → {out / 'result.json'}")
     if exp.publishes:
         print(f"publish it to data/ with: mimo-kit results {exp.name}")
+    if world > 1:
+        _leave_rank(0)
     return 0
+
+
+def _leave_rank(code: int) -> None:
+    """A torchrun rank whose work is written leaves at once (``os._exit``, its output flushed): objects that still
+    hold the closed process group (FSDP's device mesh, the porter's store) would otherwise be torn down by the
+    interpreter's exit in an arbitrary order, and a gloo thread destroyed while joinable aborts a finished rank
+    (``terminate called without an active exception``), which torchrun reports as a failed job."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
