@@ -611,7 +611,8 @@ assert not exercise("ch04c", 4).accepts(round(token_mean, 4))  # token-mean
 assert not exercise("ch04c", 4).accepts(2.0)  # sequence-mean'''),
     Key(5, r"""
 Prompts pass at rate 0.9 and each group has 8 rollouts. How many prompts must be drawn to keep 64 groups with 90%
-confidence?""", r"""
+confidence? (an integer: the smallest n whose exact binomial tail, P(Binomial(n, q) ≥ 64) with q the keep
+probability of a group, reaches 0.9; not its normal approximation)""", r"""
 Dynamic sampling drops all-pass and all-fail groups, so a group is kept with probability
 
 $$q = 1 - p^{G} - (1 - p)^{G} = 1 - 0.9^{8} - 0.1^{8} = 1 - 0.430467 - 10^{-8} = 0.569533 .$$

@@ -29,6 +29,13 @@ def _reference(chapter: str, index: int) -> Any:
 
 
 @functools.cache
+def _hints(chapter: str, index: int) -> tuple:
+    """(answer, what to tell its author) pairs of a chapter's near misses (``solutions.<chapter>.hints(n)``)."""
+    module = importlib.import_module(f"mimo_kit.solutions.{chapter}")
+    return tuple(module.hints(index).items()) if hasattr(module, "hints") else ()
+
+
+@functools.cache
 def _alternatives(chapter: str, index: int) -> tuple:
     """Other exact answers a chapter's text allows (``solutions.<chapter>.alternatives(n)``, when it has one)."""
     module = importlib.import_module(f"mimo_kit.solutions.{chapter}")
@@ -114,6 +121,9 @@ class Exercise:
         reference as a percent where a ratio is asked); None when nothing but the value differs."""
         answer, ref = self._pair(answer)
         why = _shape_mismatch(answer, ref)
+        for miss, hint in _hints(self.chapter, self.number):
+            if why is None and _match(answer, miss, self.tol, self.decimals):
+                return hint
         if why is None and _number(answer) and _number(ref) and 0 < abs(ref) <= 1 and isinstance(self.decimals, int):
             if _match(answer / 100, ref, None, self.decimals + 2):
                 why = "this is the answer as a percent; the form asks for a ratio (a share between 0 and 1)"
@@ -304,7 +314,7 @@ _ALL = [
     Exercise("ch04c", 2, "an index 0–3"),
     Exercise("ch04c", 3, "a penalty to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch04c", 4, "a loss to 4 decimals (or more, correctly rounded)", decimals=4),
-    Exercise("ch04c", 5, "an integer number of prompts"),
+    Exercise("ch04c", 5, "an integer number of prompts, from the exact binomial tail"),
     Exercise("ch05a", 1, "an integer"),
     Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),

@@ -259,3 +259,13 @@ def test_the_mis_rounded_answers_a_course_reported_are_refused():
     assert not exercise("ch04c", 1).accepts([1.1540, 0.5778])
     assert not exercise("ch05b", 2).accepts(0.194) and exercise("ch05b", 2).accepts(0.193)
     assert not exercise("ch06", 1).accepts([17.335, 42.675]) and exercise("ch06", 1).accepts([17.333, 42.667])
+
+
+def test_a_near_miss_by_another_road_is_told_which_road(capsys):
+    """Chapter 4c's exercise 5 asks the exact binomial tail: the normal approximation (125) and the mean-only
+    B / q (113) are refused with what they are; the exact answer passes."""
+    ex = exercise("ch04c", 5)
+    assert ex.reference() == 124 and ex.check(124) is True
+    assert ex.check(125) is False and "normal approximation" in capsys.readouterr().out
+    assert ex.check(113) is False and "mean only" in capsys.readouterr().out
+    assert ex.explain(126) is None  # a plain miss gets no story

@@ -48,3 +48,20 @@ def alternatives(n: int) -> list:
         out = gar_redistribute(a, torch.tensor([True, True, False, False]), torch.tensor([1.0, 0.5, 1.0, 1.0]))
         return [[float(x) for x in out[:2]]]
     return []
+
+
+def hints(n: int) -> dict:
+    """Answers a student reaches by another road, and what to say to them (the checker still says ✗)."""
+    if n == 5:
+        import math
+
+        from mimo_kit.rl import keep_probability
+
+        B, q = 64, float(keep_probability(0.9, 8))
+        z = 1.2815515655446004  # the 90% one-sided normal quantile
+        normal = next(m for m in range(B, 10 * B) if m * q - z * math.sqrt(m * q * (1 - q)) >= B)
+        return {normal: "that is the normal approximation of the binomial tail; the exercise asks the exact tail, "
+                        "the smallest n with P(Binomial(n, q) ≥ 64) ≥ 0.9 (`prompts_to_draw`)",
+                math.ceil(B / q): "that is B / q, the mean only: with it about half the batches come up short; the "
+                                  "exercise asks for 90% confidence"}
+    return {}
