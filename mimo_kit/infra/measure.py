@@ -97,6 +97,14 @@ def _loss(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor) -> torch.T
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def _batch(model: nn.Module, batch: int, seq_len: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """B × T random token ids and targets over the model's vocabulary, from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    V = model.config.vocab_size
+    return (torch.randint(0, V, (batch, seq_len), generator=gen),
+            torch.randint(0, V, (batch, seq_len), generator=gen))
+
+
 def _optimizer(model: nn.Module, kind: str):
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -118,10 +126,7 @@ def _state_bytes(opt) -> int:
 def measure_step(model: nn.Module, batch: int, seq_len: int, *, optimizer: str = "adamw",
                  seed: int = 0) -> Measured:
     """One forward + backward + optimiser step of ``model`` (the kit decoder, any dtype) on B × T random tokens."""
-    gen = torch.Generator().manual_seed(seed)
-    V = model.config.vocab_size
-    ids = torch.randint(0, V, (batch, seq_len), generator=gen)
-    targets = torch.randint(0, V, (batch, seq_len), generator=gen)
+    ids, targets = _batch(model, batch, seq_len, seed)
     layers = model.model.layers
     model.zero_grad(set_to_none=True)
 
@@ -201,10 +206,7 @@ def measure_fsdp_step(model: nn.Module, batch: int, seq_len: int, *, seed: int =
 
     rank, world = dist.get_rank(), dist.get_world_size()
     shard_model(model, Dist(rank, world, rank, torch.device("cpu"), group=True))
-    gen = torch.Generator().manual_seed(seed)
-    V = model.config.vocab_size
-    ids = torch.randint(0, V, (batch, seq_len), generator=gen)
-    targets = torch.randint(0, V, (batch, seq_len), generator=gen)
+    ids, targets = _batch(model, batch, seq_len, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     tracker = Peaks(model, opt)
     with tracker:

@@ -477,6 +477,10 @@ START_ATTEMPTS = 4
 AGENT_REGISTER_TIMEOUT_S = 120
 
 
+#: the file lock that lets one Ray head start at a time on this machine (closing the file releases it)
+HEAD_START_LOCK = os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock")
+
+
 def _local_ray_environment() -> None:
     """The environment of a private Ray on the loopback (see :func:`start_local_head`): clusters off (node address
     127.0.0.1), token authentication with a fresh token, no usage stats, a patient agent registration."""
@@ -507,21 +511,17 @@ def local_cluster(nodes: int = 2, num_cpus: int = 1) -> Iterator[str]:
     _local_ray_environment()
     from ray.cluster_utils import Cluster
 
-    lock = open(os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock"), "w")  # noqa: SIM115
     cluster = None
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one head starts at a time on this machine (see start_local_head)
-        try:
+        with open(HEAD_START_LOCK, "w") as lock:  # one head starts at a time on this machine (start_local_head)
+            fcntl.flock(lock, fcntl.LOCK_EX)
             cluster = Cluster(initialize_head=True, head_node_args={
                 "num_cpus": num_cpus, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
             for _ in range(nodes - 1):
                 cluster.add_node(num_cpus=num_cpus, node_ip_address="127.0.0.1")
             cluster.wait_for_nodes()
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
         yield cluster.address
     finally:
-        lock.close()
         if cluster is not None:
             cluster.shutdown()
 
@@ -588,7 +588,7 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
 
     parameter.RayParams = LocalHeadParams
     ray_node.Node.start_raylet = start_raylet_after_ports
-    lock = open(os.path.join(tempfile.gettempdir(), "mimo_kit-ray-head-start.lock"), "w")  # noqa: SIM115
+    lock = open(HEAD_START_LOCK, "w")  # noqa: SIM115
     try:
         for attempt in range(1, START_ATTEMPTS + 1):
             # one head starts at a time on this machine (its agents' start is the heavy part, and Ray gives a new
