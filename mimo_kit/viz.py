@@ -48,6 +48,20 @@ def smooth(values: Sequence[float], weight: float = 0.8) -> np.ndarray:
     return out
 
 
+def _tick(x: float, pos=None) -> str:
+    """A tick label: plain below 1,000 (0.5, 250), an SI prefix from 1,000 on (1.5k, 100k, 2M)."""
+    if abs(x) < 1000:
+        return f"{x:g}"
+    return _ENG(x, pos)
+
+
+_ENG = matplotlib.ticker.EngFormatter(sep="")
+
+#: The x tick formatter of :func:`curves` and :func:`band_curves`: 0.5 stays "0.5" (an SI formatter alone would
+#: write "500m"), 100000 becomes "100k".
+TICKS = matplotlib.ticker.FuncFormatter(_tick)
+
+
 def curves(series: Mapping[str, Sequence[float] | tuple[Sequence[float], Sequence[float]]], *, title: str = "",
            xlabel: str = "step", ylabel: str = "", smoothing: float = 0.0, logy: bool = False, ax=None):
     """One line per named series; a series is ``y`` or ``(x, y)``. With smoothing the raw line stays faint."""
@@ -62,7 +76,7 @@ def curves(series: Mapping[str, Sequence[float] | tuple[Sequence[float], Sequenc
             ax.plot(x, y, color=color, label=name, lw=1.8)
     if logy:
         ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))  # 100000 → 100k
+    ax.xaxis.set_major_formatter(TICKS)  # 100000 → 100k, 0.5 → 0.5
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     if len(series) > 1:
         ax.legend()
@@ -122,7 +136,7 @@ def band_curves(series: Mapping[str, Sequence[Sequence[float]]], *, title: str =
         ax.fill_between(x, lo, hi, color=color, alpha=BAND_ALPHA, lw=0)
         ax.plot(x, mean, color=color, label=name, lw=1.8)
         n_seeds.add(len(runs))
-    ax.xaxis.set_major_formatter(matplotlib.ticker.EngFormatter(sep=""))
+    ax.xaxis.set_major_formatter(TICKS)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     what = "min–max" if band == "minmax" else "± sd"
     n = n_seeds.pop() if len(n_seeds) == 1 else "/".join(str(k) for k in sorted(n_seeds))
@@ -133,7 +147,11 @@ def band_curves(series: Mapping[str, Sequence[Sequence[float]]], *, title: str =
 def bars(values: Mapping[str, float], *, title: str = "", ylabel: str = "", annotate: bool = True,
          logy: bool = False, ranges: Mapping[str, tuple[float, float]] | None = None, ax=None):
     """A bar per named value, labelled with its value; ``ranges[name] = (low, high)`` adds a whisker (e.g. the
-    min–max over seeds around their mean)."""
+    min–max over seeds around their mean).
+
+    The value labels stay inside the axes (the y range gets room for them above the bars, and below where a bar is
+    negative), so they never run into the title; labels that would overlap their neighbours are written with fewer
+    digits, then turned upright (:func:`_fit_bar_labels`)."""
     ax = ax or plt.subplots()[1]
     names, vals = list(values), [float(v) for v in values.values()]
     yerr = None
@@ -145,13 +163,60 @@ def bars(values: Mapping[str, float], *, title: str = "", ylabel: str = "", anno
     wrapped = [wrap_label(n) if isinstance(n, str) else n for n in names]
     if wrapped != names:  # long category names: one tick per bar, the name on several lines
         ax.set_xticks([r.get_x() + r.get_width() / 2 for r in rects], wrapped)
-    if annotate:
-        ax.bar_label(rects, labels=[f"{v:.3g}" for v in vals], fontsize=8)
     if logy:
         ax.set_yscale("log")
+    if annotate:
+        labels = ax.bar_label(rects, labels=[f"{v:.3g}" for v in vals], fontsize=8, padding=2)
+        if not logy:
+            lo = min([0.0, *vals] + ([v - e for v, e in zip(vals, yerr[0])] if yerr is not None else []))
+            hi = max([0.0, *vals] + ([v + e for v, e in zip(vals, yerr[1])] if yerr is not None else []))
+            room = BAR_LABEL_ROOM * ((hi - lo) or 1.0)
+            ax.set_ylim(lo - room if min(vals) < 0 else lo, hi + room)
+        _fit_bar_labels(ax, labels, vals)
+        ax._mimo_bar_labels = labels  # finish() keeps them inside the axes after the final layout
+        _labels_inside(ax, labels)
     ax.set(title=title, ylabel=ylabel)
     ax.grid(axis="x", visible=False)
     return ax
+
+
+#: Share of a bar chart's value range added above (and below, with negative bars) for the value labels.
+BAR_LABEL_ROOM = 0.15
+
+
+def _labels_inside(ax, labels, tries: int = 4) -> None:
+    """Widen ``ax``'s y range until every text of ``labels`` lies inside the axes (a linear y axis)."""
+    if ax.get_yscale() != "linear":
+        return
+    renderer = ax.figure.canvas.get_renderer()
+    for _ in range(tries):
+        box = ax.get_window_extent(renderer)
+        ext = [t.get_window_extent(renderer) for t in labels if t.get_text()]
+        over = max([0.0, *(b.y1 - box.y1 for b in ext)])
+        under = max([0.0, *(box.y0 - b.y0 for b in ext)])
+        if over <= 0 and under <= 0:
+            return
+        lo, hi = ax.get_ylim()
+        per_px = (hi - lo) / max(box.height, 1.0)
+        ax.set_ylim(lo - (under + 3) * per_px if under > 0 else lo, hi + (over + 3) * per_px if over > 0 else hi)
+
+
+def _fit_bar_labels(ax, labels, vals: Sequence[float]) -> None:
+    """Bar value labels that overlap a neighbour as drawn: two significant digits, and if that is not enough, turned
+    upright."""
+    renderer = ax.figure.canvas.get_renderer()
+
+    def clash() -> bool:  # any two labels' boxes meet, widened by 2 px
+        boxes = [t.get_window_extent(renderer).expanded(1.0, 1.0).padded(1.0) for t in labels]
+        return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+    if len(labels) < 2 or not clash():
+        return
+    for t, v in zip(labels, vals):
+        t.set_text(f"{v:.2g}")
+    if clash():
+        for t in labels:
+            t.set_rotation(90)
 
 
 #: Category names longer than this many characters are wrapped onto several lines by :func:`wrap_label`.
@@ -244,6 +309,9 @@ def finish(fig=None, name: str | None = None) -> Path | None:
     fig.canvas.draw()
     if any([declutter_ticks(ax, draw=False) for ax in fig.axes]):
         fig.tight_layout()
+    for ax in fig.axes:  # the final layout may have shrunk an axes: its bar labels must still fit inside
+        if getattr(ax, "_mimo_bar_labels", None):
+            _labels_inside(ax, ax._mimo_bar_labels)
     out = fig_dir()
     if out is None:
         return None

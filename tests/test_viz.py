@@ -36,3 +36,30 @@ def test_finish_saves_png_when_headless(tmp_path, monkeypatch):
     path = viz.finish(ax.figure)
     assert path == tmp_path / "loss-vs-step.png" and path.read_bytes()[:4] == b"\x89PNG"
     assert len(ax.get_lines()) == 4  # faint raw + smoothed line per series
+
+
+@pytest.mark.parametrize("x, text", [(0.5, "0.5"), (0.25, "0.25"), (250, "250"), (-3, "-3"), (1500, "1.5k"),
+                                     (100000, "100k"), (2e6, "2M")])
+def test_curve_ticks_are_plain_below_a_thousand(x, text):
+    """An SI formatter alone writes 0.5 as "500m"; the kit's tick labels keep small numbers plain."""
+    assert viz.TICKS(x) == text
+
+
+def test_bar_labels_stay_inside_the_axes_and_do_not_overlap():
+    import matplotlib.pyplot as plt
+
+    viz.use_style()
+    fig, axes = plt.subplots(1, 3, figsize=(9, 3))
+    values = [{k: 0.724 for k in "abcde"} | {k: -1.21 for k in "fgh"}, {f"{k}/8": 0.0 if k < 4 else -0.5
+                                                                         for k in range(1, 9)}, {"x": 1.0, "y": 0.0}]
+    for ax, v in zip(axes, values):
+        viz.bars(v, title="a title", ax=ax)
+    viz.finish(fig)
+    renderer = fig.canvas.get_renderer()
+    for ax in axes:
+        labels = [t for t in ax.texts if t.get_text()]
+        boxes = [t.get_window_extent(renderer) for t in labels]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+        inside = ax.get_window_extent(renderer)
+        assert all(inside.y0 - 1 <= b.y0 and b.y1 <= inside.y1 + 1 for b in boxes), "a value label left the axes"
+    plt.close(fig)
