@@ -263,7 +263,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     whose folder holds a checkpoint continues from it. ``stop_after`` ends the run after that many steps of this
     call (a planned interruption; a killed process behaves the same), ``callbacks(step, log)`` run after each step.
     """
-    from tqdm.auto import tqdm
+    from mimo_kit.progress import bar as progress_bar
 
     out = Path(cfg.out_dir)
     ckpt_dir = out / "checkpoints"
@@ -278,7 +278,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
         trainer.load_checkpoint(ckpt)
     total = cfg.total_steps
     end = total if stop_after is None else min(total, trainer.step_no + stop_after)
-    bar = tqdm(total=total, initial=trainer.step_no, desc=f"pretrain ({cfg.optim.matrix_optimizer})",
+    bar = progress_bar(total=total, initial=trainer.step_no, desc=f"pretrain ({cfg.optim.matrix_optimizer})",
                disable=not progress or not trainer.dist.is_main, leave=False)
     # RUN/tb/pretrain; a resumed run replays the steps its checkpoint's log holds
     replay = [(s, _live(trainer.log, i)) for i, s in enumerate(trainer.log["step"])] if ckpt is not None else None

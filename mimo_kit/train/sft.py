@@ -114,9 +114,9 @@ def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: 
     losses = []
     steps = range(cfg.steps)
     if progress:
-        from tqdm.auto import tqdm
+        from mimo_kit.progress import bar
 
-        steps = tqdm(steps, desc="SFT", leave=False)
+        steps = bar(steps, desc="SFT", leave=False)
     model.train()
     for _ in steps:
         batch = rng.sample(data, min(cfg.batch_size, len(data)))
