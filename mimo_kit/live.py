@@ -8,11 +8,18 @@ checkpointed ``log``) and, beside it, write each step's scalars to ``RUN/tb/<loo
 lose its last unflushed events, so a resumed run purges the folder's earlier events and replays the steps its
 checkpoint kept (the loop's own log is the record), then goes on: every step shows once.
 :func:`read_scalars` reads a folder's events back.
+
+Progress bars: :func:`progress_bar` is tqdm with the bar switched off where no one watches it. A tqdm bar in a
+notebook is a widget: a person running the chapter sees it move, but a headless execution (``mimo-kit notebooks``,
+``mimo-kit course``, the test suite's kernels, ``mimo-kit grade``) stores only the widget's text at the moment it was
+displayed, "0/300", and a committed notebook would show that. ``MIMO_KIT_PROGRESS=0`` (or ``1``) forces bars off
+(or on) everywhere.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -92,3 +99,34 @@ def list_runs(root: str | Path = "runs") -> list[dict]:
                      "step": max(step for step, _ in last.values()),
                      **{tag: f"{last[tag][1]:.4g}" for tag in SHOWN if tag in last}})
     return rows
+
+
+#: Environment variable that forces bars on ("1") or off ("0"); unset: :func:`interactive` decides.
+PROGRESS_ENV = "MIMO_KIT_PROGRESS"
+
+
+def interactive() -> bool:
+    """Whether someone can watch a bar: ``$MIMO_KIT_PROGRESS`` when set, else False in a notebook kernel whose
+    current request cannot take input (a headless client: nbclient, which the kit's notebook runners use, sends
+    every cell with ``allow_stdin=False``; JupyterLab and VS Code allow it), True everywhere else (a terminal, a
+    script, a kernel a person drives)."""
+    forced = os.environ.get(PROGRESS_ENV)
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return True
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None) if shell is not None else None
+    if kernel is None:  # a terminal IPython, or no IPython at all
+        return True
+    return bool(getattr(kernel, "_allow_stdin", True))
+
+
+def progress_bar(iterable=None, *, disable: bool = False, **kwargs):
+    """``tqdm.auto.tqdm(iterable, **kwargs)``, disabled when ``disable`` or when no one is watching
+    (:func:`interactive`)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, disable=disable or not interactive(), **kwargs)

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from mimo_kit import progress
+from mimo_kit import live as progress
 
 
 def _kernel(monkeypatch, allow_stdin):
@@ -20,7 +20,7 @@ def test_a_headless_kernel_gets_no_bar(monkeypatch, allow_stdin, shown):
     monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     _kernel(monkeypatch, allow_stdin)
     assert progress.interactive() is shown
-    assert progress.bar(range(3)).disable is not shown
+    assert progress.progress_bar(range(3)).disable is not shown
 
 
 def test_outside_a_kernel_bars_are_shown_and_the_environment_decides_first(monkeypatch):
@@ -30,9 +30,9 @@ def test_outside_a_kernel_bars_are_shown_and_the_environment_decides_first(monke
     monkeypatch.delenv(progress.PROGRESS_ENV, raising=False)
     assert progress.interactive()
     monkeypatch.setenv(progress.PROGRESS_ENV, "0")
-    assert not progress.interactive() and progress.bar(range(3)).disable
+    assert not progress.interactive() and progress.progress_bar(range(3)).disable
     _kernel(monkeypatch, False)
     monkeypatch.setenv(progress.PROGRESS_ENV, "1")
     assert progress.interactive()
-    assert progress.bar(range(3), disable=True).disable  # the caller's own switch still wins
-    assert list(progress.bar(range(3))) == [0, 1, 2]
+    assert progress.progress_bar(range(3), disable=True).disable  # the caller's own switch still wins
+    assert list(progress.progress_bar(range(3))) == [0, 1, 2]

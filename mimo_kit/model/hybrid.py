@@ -15,9 +15,9 @@ import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, knob
 from mimo_kit.corpus import batches, byte_corpus, split
+from mimo_kit.live import progress_bar
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.progress import bar
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ def run_hybrid_vs_global(cfg: HybridVsGlobalConfig, return_models: bool = False)
     vdata = batches(val, cfg.batch, cfg.seq_len, torch.Generator().manual_seed(cfg.seed + 1))
     vset = [next(vdata) for _ in range(4)]
     steps = cfg.quick_steps if cfg.quick else cfg.steps
-    for step in bar(range(1, steps + 1), desc="hybrid vs all-GA", leave=False):
+    for step in progress_bar(range(1, steps + 1), desc="hybrid vs all-GA", leave=False):
         x, y = next(data)
         for twin in twins.values():
             model, opt, log = twin["model"], twin["opt"], twin["log"]

@@ -263,7 +263,7 @@ def run_pretrain(cfg: PretrainConfig, *, resume: bool = True, callbacks: Sequenc
     whose folder holds a checkpoint continues from it. ``stop_after`` ends the run after that many steps of this
     call (a planned interruption; a killed process behaves the same), ``callbacks(step, log)`` run after each step.
     """
-    from mimo_kit.progress import bar as progress_bar
+    from mimo_kit.live import progress_bar
 
     out = Path(cfg.out_dir)
     ckpt_dir = out / "checkpoints"

@@ -122,7 +122,7 @@ class CompareConfig(Config):
 def compare_optimizers(cfg: CompareConfig, progress: bool = True) -> dict:
     """Per seed, one model per optimiser in lockstep (same init, same batches); per-seed numbers, mean ± sd rows,
     the seeds on which Muown (and Muon) reach a validation loss ≤ AdamW's, and the logs the figures draw."""
-    from mimo_kit.progress import bar
+    from mimo_kit.live import progress_bar
 
     total = cfg.pretrain.total_steps
     skip = min(cfg.warmup_steps_excluded, total - 1)
@@ -132,8 +132,8 @@ def compare_optimizers(cfg: CompareConfig, progress: bool = True) -> dict:
         trainers = _trainers(pc, cfg.optimizers, tok, streams)
         first = next(iter(trainers.values()))
         tok, streams = first.tokenizer, first.streams
-        for step in bar(range(1, total + 1), desc=f"AdamW vs Muon vs Muown, seed {pc.seed}", disable=not progress,
-                         leave=False):
+        for step in progress_bar(range(1, total + 1), desc=f"AdamW vs Muon vs Muown, seed {pc.seed}",
+                                 disable=not progress, leave=False):
             for t in trainers.values():  # alternate: a busy machine slows every optimiser alike
                 t.train_step()
                 if step % pc.eval_every == 0 or step == total:
@@ -196,7 +196,7 @@ class SwitchConfig(Config):
 def optimizer_switch(cfg: SwitchConfig, progress: bool = True) -> dict:
     """Per seed, AdamW until ``switch_at``, then one branch per entry of ``branches``, on the same batches; the
     spike of each branch per seed, mean ± sd rows, and the seeds on which a switch stays below the threshold."""
-    from mimo_kit.progress import bar
+    from mimo_kit.live import progress_bar
 
     pre0 = dataclasses.replace(cfg.pretrain, optim=dataclasses.replace(cfg.pretrain.optim,
                                                                        matrix_optimizer="adamw"))
@@ -210,8 +210,8 @@ def optimizer_switch(cfg: SwitchConfig, progress: bool = True) -> dict:
     for pre in seed_configs(pre0, cfg.seeds):
         base = Trainer(pre, tokenizer=tok, streams=streams)
         tok, streams = base.tokenizer, base.streams
-        for _ in bar(range(switch_at), desc=f"AdamW before the switch, seed {pre.seed}", disable=not progress,
-                      leave=False):
+        for _ in progress_bar(range(switch_at), desc=f"AdamW before the switch, seed {pre.seed}",
+                              disable=not progress, leave=False):
             base.train_step()
         base.evaluate()
         branches = {}
@@ -220,8 +220,8 @@ def optimizer_switch(cfg: SwitchConfig, progress: bool = True) -> dict:
             if kind != "adamw":
                 b.opt.switch(kind)
             branches[kind] = b
-        for step in bar(range(switch_at + 1, total + 1), desc="after the switch", disable=not progress,
-                         leave=False):
+        for step in progress_bar(range(switch_at + 1, total + 1), desc="after the switch", disable=not progress,
+                                 leave=False):
             for b in branches.values():
                 b.train_step()
                 if step % pre.eval_every == 0 or step == total:
@@ -270,7 +270,7 @@ class QATConfig(Config):
 def ptq_vs_qat(cfg: QATConfig, progress: bool = True) -> dict:
     """Per seed, full precision until the last ``qat_steps``; then FP and QAT branches; evaluate both with MXFP4
     experts. Per-seed gaps, mean ± sd rows, and the seeds on which QAT's gap is below PTQ's."""
-    from mimo_kit.progress import bar
+    from mimo_kit.live import progress_bar
 
     total = cfg.pretrain.total_steps
     qat_steps = min(cfg.quick_qat_steps if cfg.pretrain.quick else cfg.qat_steps, total - 1)
@@ -280,12 +280,12 @@ def ptq_vs_qat(cfg: QATConfig, progress: bool = True) -> dict:
     for pc in seed_configs(cfg.pretrain, cfg.seeds):
         base = Trainer(pc, tokenizer=tok, streams=streams)
         tok, streams = base.tokenizer, base.streams
-        for _ in bar(range(total - qat_steps), desc=f"full-precision training, seed {pc.seed}",
-                      disable=not progress, leave=False):
+        for _ in progress_bar(range(total - qat_steps), desc=f"full-precision training, seed {pc.seed}",
+                              disable=not progress, leave=False):
             base.train_step()
         fp, qat = base, base.fork()
         qat.qat = True
-        for _ in bar(range(qat_steps), desc="FP vs QAT branches", disable=not progress, leave=False):
+        for _ in progress_bar(range(qat_steps), desc="FP vs QAT branches", disable=not progress, leave=False):
             fp.train_step()
             qat.train_step()
         for (key, _), t in zip(runs, (fp, qat)):

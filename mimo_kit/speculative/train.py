@@ -26,10 +26,9 @@ import torch
 from mimo_kit.checkpoint import atomic_save
 from mimo_kit.config.base import Config, knob
 from mimo_kit.dist import autocast, check_device_knobs, resolve_device, resolve_precision
-from mimo_kit.live import LiveLog
+from mimo_kit.live import LiveLog, progress_bar
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.generate import generate
-from mimo_kit.progress import bar
 from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig, context_mask
 from mimo_kit.speculative.mtp import MTPConfig, MTPDrafter
 
@@ -202,7 +201,7 @@ def _train(drafter: torch.nn.Module, loss_fn, backbone: MiMoForCausalLM, tokens:
     n_self = round(cfg.batch * cfg.self_generated_share) if len(pool) else 0
     replay = [(s, _live(log, i)) for i, s in enumerate(log["step"])] if start else None
     with LiveLog(out_dir, desc, replay=replay) as live:  # RUN/tb/drafter or RUN/tb/mtp; none without a folder
-        for step in bar(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
+        for step in progress_bar(range(start + 1, cfg.steps + 1), desc=desc, leave=False, initial=start,
                          total=cfg.steps):
             starts = torch.randint(0, len(tokens) - cfg.seq_len, (cfg.batch - n_self,), generator=gen)
             x = torch.stack([tokens[s : s + cfg.seq_len] for s in starts.tolist()] +

@@ -114,9 +114,9 @@ def sft_warm_start(model: MiMoForCausalLM, cfg: SFTConfig, seed: int, progress: 
     losses = []
     steps = range(cfg.steps)
     if progress:
-        from mimo_kit.progress import bar
+        from mimo_kit.live import progress_bar
 
-        steps = bar(steps, desc="SFT", leave=False)
+        steps = progress_bar(steps, desc="SFT", leave=False)
     model.train()
     for _ in steps:
         batch = rng.sample(data, min(cfg.batch_size, len(data)))

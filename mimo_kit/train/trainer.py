@@ -1204,9 +1204,9 @@ def progress(steps: range, cfg: RLConfig, d: Dist):
     """The step range, with a tqdm bar on rank 0 when ``cfg.progress``."""
     if not (cfg.progress and d.is_main):
         return steps
-    from mimo_kit.progress import bar
+    from mimo_kit.live import progress_bar
 
-    return bar(steps, desc=f"RL {cfg.advantage}", initial=steps.start, total=cfg.steps, leave=False)
+    return progress_bar(steps, desc=f"RL {cfg.advantage}", initial=steps.start, total=cfg.steps, leave=False)
 
 
 def run_rl(cfg: RLConfig) -> dict:
