@@ -11,6 +11,7 @@ import dataclasses
 import importlib.metadata
 import inspect
 import platform
+import re
 from pathlib import Path
 
 from mimo_kit.config import env_preset, quick_mode
@@ -83,6 +84,31 @@ def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
     except ImportError:
         pass
     print(text)
+
+
+def say(text: str) -> None:
+    """Display a sentence of the chapter's prose that states a measured number, rendered from the record or the
+    variable that holds it (Markdown in JupyterLab, printed elsewhere). A markdown cell never types a measured
+    count or ratio: it would go stale when the run is redone (``tests/test_prose_numbers.py``)."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import Markdown, display
+
+        if get_ipython() is not None:
+            display(Markdown(text))
+            return
+    except ImportError:
+        pass
+    print(text)
+
+
+def seeds_agree(c) -> str:
+    """How many seeds a claim record's direction held on, in words: "2 of 3 seeds" (from ``c.agree`` and
+    ``c.seeds``; a count of rounds or rows is kept as it is)."""
+    if not c.agree:
+        return f"{c.seeds} seeds"
+    agree = c.agree.strip()
+    return f"{agree} seeds" if re.fullmatch(r"\d+ of \d+", agree) else agree
 
 
 def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "experiment", report: str = "",
