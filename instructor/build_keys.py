@@ -558,16 +558,20 @@ assert exercise("ch04c", 1).accepts(with_eps)  # the kit's epsilon: [1.1545, 0.5
 assert exercise("ch04c", 1).accepts(gar)  # unrounded
 assert not exercise("ch04c", 1).accepts([round(fi * a, 4) for fi, a in zip(f, A)])  # lambda forgotten'''),
     Key(2, r"""
-An all-pass group has S_sol = [1, .8, .9, .5] and S_beh = [1, 1, .5, 1]. Which trajectory (index) gets the lowest
-GRS reward?""", r"""
-All pass, so $R_i = S_{\mathrm{sol},i} \cdot S_{\mathrm{beh},i} = [1, 0.8, 0.45, 0.5]$: the lowest is index 2.
-Looking at $S_{\mathrm{sol}}$ alone would pick index 3.""", '''
-s_sol, s_beh = [1, 0.8, 0.9, 0.5], [1, 1, 0.5, 1]
+Another all-pass group has S_sol = [0.9, 0.4, 1, 0.6] and S_beh = [0.9, 1, 0.4, 0.6]. Which trajectory (index) gets
+the lowest GRS reward?""", r"""
+All pass, so $R_i = S_{\mathrm{sol},i} \cdot S_{\mathrm{beh},i} = [0.81,\ 0.4,\ 0.4,\ 0.36]$: the lowest is
+**index 3**, middling on both axes. Neither score alone finds it: the lowest $S_{\mathrm{sol}}$ is index 1 and the
+lowest $S_{\mathrm{beh}}$ index 2, each at 0.4, but each of those is perfect on the other axis. Here the product
+ranks a trajectory that is middling on both axes ($0.6 \cdot 0.6$) below one that is poor on one axis and perfect
+on the other ($0.4 \cdot 1$).""", '''
+s_sol, s_beh = [0.9, 0.4, 1, 0.6], [0.9, 1, 0.4, 0.6]
 R = [1 * a * b for a, b in zip(s_sol, s_beh)]
 answer_2 = min(range(4), key=lambda i: R[i])
 print(R, "->", answer_2)''', '''
 assert exercise("ch04c", 2).accepts(answer_2)
-assert not exercise("ch04c", 2).accepts(s_sol.index(min(s_sol)))  # S_sol alone'''),
+assert not exercise("ch04c", 2).accepts(s_sol.index(min(s_sol)))  # S_sol alone
+assert not exercise("ch04c", 2).accepts(s_beh.index(min(s_beh)))  # S_beh alone'''),
     Key(3, r"""
 A group has lengths [100, 100, 250, 80] and outcomes [pass, pass, pass, fail]. What length penalty does the
 250-token success get with the default constants?""", r"""

@@ -22,9 +22,9 @@ def solution(n: int):
         a = grpo_advantages(torch.tensor([1.0, 1.0, 0.0, 0.0]))
         out = gar_redistribute(a, torch.tensor([True, True, False, False]), torch.tensor([1.0, 0.5, 1.0, 1.0]))
         return [float(x) for x in out[:2]]
-    if n == 2:  # GRS: all four pass; S_sol = [1, .8, .9, .5], S_beh = [1, 1, .5, 1]: which trajectory ranks last?
-        r = grs_reward(torch.ones(4, dtype=torch.bool), torch.tensor([1, 0.8, 0.9, 0.5]),
-                       torch.tensor([1, 1, 0.5, 1.0]))
+    if n == 2:  # GRS: all four pass; S_sol = [.9, .4, 1, .6], S_beh = [.9, 1, .4, .6]: which trajectory ranks last?
+        r = grs_reward(torch.ones(4, dtype=torch.bool), torch.tensor([0.9, 0.4, 1, 0.6]),
+                       torch.tensor([0.9, 1, 0.4, 0.6]))
         return int(torch.argmin(r))
     if n == 3:  # length penalty of a success 2.5× the median success length, default constants
         return float(length_penalty([100.0, 100.0, 250.0, 80.0], [True, True, True, False])[2])
