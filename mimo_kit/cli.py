@@ -1,7 +1,10 @@
 """``mimo-kit``: every experiment a notebook runs, runnable from a shell.
 
     mimo-kit course                                  # every chapter, headless, quick mode → runs/course/
-    mimo-kit slides                                  # a reveal.js deck per chapter → runs/slides/
+    mimo-kit course --committed                      # the committed pages, nothing executed (seconds)
+    mimo-kit course --student                        # the kit without answers, keys or tests → runs/student/
+    mimo-kit grade submissions/*/ch04c_*.ipynb       # execute students' notebooks → grades.csv
+    mimo-kit slides                                  # a lecture deck per chapter (offline) → runs/slides/
     mimo-kit run scale-knobs --preset tiny key=value # one experiment; result and config under runs/
     mimo-kit launch rl --nnodes 2 --nproc-per-node 8 --dry-run   # torchrun / sbatch / Ray job of one YAML
     mimo-kit results                                 # publish the newest runs into the committed data/ files
@@ -186,10 +189,27 @@ def cmd_env_check(args: argparse.Namespace) -> int:
 
 
 def cmd_course(args: argparse.Namespace) -> int:
-    from mimo_kit.course import NOTEBOOK_DIR, run_course
+    from mimo_kit.course import NOTEBOOK_DIR, committed_course, run_course
 
+    directory = Path(args.notebooks or NOTEBOOK_DIR)
+    if args.student:
+        from mimo_kit.student import write_student_edition
+
+        root, archive = write_student_edition(args.out or "runs/student")
+        print(f"student edition (no reference answers, no keys, no tests) → {root.resolve()} and {archive.resolve()}")
+        return 0
+    out = Path(args.out or "runs/course")
+    if args.committed:
+        try:
+            runs = committed_course(out, directory=directory, only=args.only)
+        except FileNotFoundError as e:
+            print(f"mimo-kit: error: {e}", file=sys.stderr)
+            return 2
+        print(f"course: {len(runs)} chapter page(s) from the committed outputs, nothing executed "
+              f"→ open {(out / 'index.html').resolve()}")
+        return 0
     t0 = time.perf_counter()
-    runs = run_course(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), quick=not args.full, preset=args.preset,
+    runs = run_course(out, directory=directory, quick=not args.full, preset=args.preset,
                       timeout=args.timeout, only=args.only, jobs=args.jobs)
     failed = [r.name for r in runs if not r.ok]
     for r in runs:
@@ -197,7 +217,7 @@ def cmd_course(args: argparse.Namespace) -> int:
             print(f"FAILED {r.name}: {r.error[-800:]}", file=sys.stderr)
     minutes, seconds = divmod(round(time.perf_counter() - t0), 60)
     print(f"course: {len(runs) - len(failed)}/{len(runs)} chapters ok in {minutes} min {seconds:02d} s "
-          f"→ open {(Path(args.out) / 'index.html').resolve()}")
+          f"→ open {(out / 'index.html').resolve()}")
     return 1 if failed or not runs else 0
 
 
@@ -231,8 +251,11 @@ def cmd_slides(args: argparse.Namespace) -> int:
     from mimo_kit.course import NOTEBOOK_DIR
     from mimo_kit.slides import write_slides
 
-    decks = write_slides(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), only=args.only,
-                         reveal_prefix=args.reveal_prefix)
+    try:
+        decks = write_slides(args.out, directory=Path(args.notebooks or NOTEBOOK_DIR), only=args.only)
+    except FileNotFoundError as e:
+        print(f"mimo-kit: error: {e}", file=sys.stderr)
+        return 2
     for path in decks:
         print(f"wrote {path}")
     return 0
@@ -344,7 +367,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("env-check", help="OK/FAIL per dependency").set_defaults(fn=cmd_env_check)
 
     c = sub.add_parser("course", help="execute every chapter notebook → runs/course/index.html")
-    c.add_argument("--out", default="runs/course")
+    c.add_argument("--out", help="where to write (default runs/course; runs/student with --student)")
+    edition = c.add_mutually_exclusive_group()
+    edition.add_argument("--committed", action="store_true",
+                         help="pages from the committed notebooks as they are: nothing executed (seconds)")
+    edition.add_argument("--student", action="store_true",
+                         help="write the student edition: the kit without reference answers, keys or tests (+ zip)")
     c.add_argument("--notebooks", help="folder of chapter notebooks (default: the kit's notebooks/)")
     c.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
     c.add_argument("--full", action="store_true", help="quick mode off")
@@ -365,12 +393,11 @@ def build_parser() -> argparse.ArgumentParser:
     gr.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
     gr.set_defaults(fn=cmd_grade)
 
-    sl = sub.add_parser("slides", help="one reveal.js deck per committed chapter notebook (not executed)")
+    sl = sub.add_parser("slides", help="one lecture deck per chapter (reveal.js, offline), from the committed "
+                        "notebooks: narrative, equations, figures; prose as speaker notes")
     sl.add_argument("--out", default="runs/slides")
     sl.add_argument("--notebooks", help="folder of chapter notebooks (default: the kit's notebooks/)")
     sl.add_argument("--only", help="only notebooks whose name contains this")
-    sl.add_argument("--reveal-prefix", default="https://unpkg.com/reveal.js@4.0.2",
-                    help="where the decks load reveal.js from: a URL or a folder relative to the deck")
     sl.set_defaults(fn=cmd_slides)
 
     pl = sub.add_parser("plan", help="GPU memory per item of one training step: does it fit?",

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import nbformat
 
+from mimo_kit import web
 from mimo_kit.chapters import NOTEBOOK_DIR, notebooks
 
 #: Each test's seconds in the last clean suite run (``make suite-table``): the chapters' quick-mode times.
@@ -207,29 +208,10 @@ def decorate(body: str, links: PageLinks) -> str:
     return body[:tail] + _nav_html(links, "bottom") + body[tail:]
 
 
-#: MathJax 2's entry point and configuration as nbconvert's templates load it.
-MATHJAX_ENTRY = "MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the configs the package ships
-
-
-def local_mathjax(out: Path) -> Path:
-    """Copy MathJax (from the ``jupyter-server-mathjax`` package) to ``out/mathjax`` once, so the pages typeset their
-    equations without a network; returns the folder. nbconvert's default loads MathJax from a CDN."""
-    import shutil
-
-    import jupyter_server_mathjax
-
-    target = Path(out) / "mathjax"
-    if not (target / "MathJax.js").exists():
-        shutil.copytree(Path(jupyter_server_mathjax.__file__).parent / "static", target, dirs_exist_ok=True)
-    return target
-
-
-def _html(nb: nbformat.NotebookNode, links: PageLinks | None = None, mathjax_url: str | None = None) -> str:
-    """The lab-template page of ``nb``; ``mathjax_url`` (relative to the page) points at a local MathJax."""
-    from nbconvert import HTMLExporter
-
-    exporter = HTMLExporter(template_name="lab", **({"mathjax_url": mathjax_url} if mathjax_url else {}))
-    body, _ = exporter.from_notebook_node(nb)
+def _html(nb: nbformat.NotebookNode, links: PageLinks | None = None, prefix: str = "") -> str:
+    """The page of ``nb`` (nbconvert's lab template with local MathJax 3, :func:`mimo_kit.web.page_exporter`);
+    ``prefix`` is the path from the page to the folder holding ``assets/``."""
+    body, _ = web.page_exporter(prefix).from_notebook_node(nb)
     return body if links is None else decorate(body, links)
 
 
@@ -248,7 +230,7 @@ def write_committed(paths: list[Path], out: Path) -> list[Path]:
                 f'shown as committed. The quick run of this chapter: <a href="../{stems[i]}.html">here</a>.')
         page = folder / f"{path.stem}.html"
         page.write_text(_html(nbformat.read(path, as_version=4), PageLinks("../index.html", prev, nxt, note=note),
-                              mathjax_url=f"../mathjax/{MATHJAX_ENTRY}"))
+                              prefix="../"))
         written.append(page)
     return written
 
@@ -273,7 +255,7 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     (out / "figures").mkdir(parents=True, exist_ok=True)
     paths = [p for p in notebooks(directory) if only is None or only in p.stem]
     stems = [p.stem for p in paths]
-    local_mathjax(out)
+    web.install(out)
     # kernels running side by side share the cores (unless the caller fixed OMP_NUM_THREADS)
     threads = None if jobs == 1 or "OMP_NUM_THREADS" in os.environ else max(1, len(os.sched_getaffinity(0)) // jobs)
 
@@ -288,7 +270,7 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
         nbformat.write(nb, out / f"{path.stem}.ipynb")
         prev, nxt = _neighbours(stems, i)
         links = PageLinks("index.html", prev, nxt, banner=f"committed/{path.stem}.html" if quick else None)
-        (out / f"{path.stem}.html").write_text(_html(nb, links, mathjax_url=f"mathjax/{MATHJAX_ENTRY}"))
+        (out / f"{path.stem}.html").write_text(_html(nb, links))
         figures = extract_figures(nb, out / "figures", path.stem)
         return ChapterRun(path.stem, title_of(nb, path.stem), not error, seconds, error, figures)
 
@@ -313,6 +295,32 @@ def run_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOO
     return runs
 
 
+def committed_course(out_dir: Path | str = "runs/course", *, directory: Path = NOTEBOOK_DIR,
+                     only: str | None = None) -> list[ChapterRun]:
+    """``mimo-kit course --committed``: the course's pages from the committed notebooks as they are (full-mode
+    outputs, nothing executed, seconds instead of the course's hour): ``out_dir/<stem>.html`` with navigation,
+    figures and ``index.html`` (which says "not executed" where a run's time would be)."""
+    out = Path(out_dir)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    paths = [p for p in notebooks(directory) if only is None or only in p.stem]
+    if not paths:
+        raise FileNotFoundError(f"committed_course: no notebook in {directory} matches only={only!r}")
+    web.install(out)
+    stems, runs = [p.stem for p in paths], []
+    for i, path in enumerate(paths):
+        nb = nbformat.read(path, as_version=4)
+        prev, nxt = _neighbours(stems, i)
+        note = "Committed full-mode outputs (as <code>make notebooks</code> wrote them), not executed here."
+        (out / f"{path.stem}.html").write_text(_html(nb, PageLinks("index.html", prev, nxt, note=note)))
+        nbformat.write(nb, out / f"{path.stem}.ipynb")
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        error = f"{errors[0].get('ename')}: {errors[0].get('evalue')}" if errors else ""
+        runs.append(ChapterRun(path.stem, title_of(nb, path.stem), not errors, 0.0, error,
+                               extract_figures(nb, out / "figures", path.stem)))
+    write_index(runs, out, quick=False, preset="tiny (committed outputs)")
+    return runs
+
+
 def write_index(runs: list[ChapterRun], out: Path, *, quick: bool, preset: str) -> Path:
     """``index.html``: a card per chapter with status, run time, links and figure thumbnails (each linking to the
     chapter's page); in quick mode a banner and a link per chapter to its committed full-mode page."""
@@ -322,9 +330,10 @@ def write_index(runs: list[ChapterRun], out: Path, *, quick: bool, preset: str) 
         thumbs = "".join(f'<a href="{r.name}.html"><img src="figures/{f}" alt="{f}"></a>' for f in r.figures)
         err = f"<pre>{html.escape(r.error)}</pre>" if r.error else ""
         committed = f' · <a href="committed/{r.name}.html">committed full run</a>' if quick else ""
+        timing = f"{r.seconds:.1f} s" if r.seconds else "not executed"
         cards.append(
             f'<section class="{status}"><h2><a href="{r.name}.html">{html.escape(r.title)}</a></h2>'
-            f'<p>{r.name} · <b>{status}</b> · {r.seconds:.1f} s · <a href="{r.name}.ipynb">notebook</a>{committed} · '
+            f'<p>{r.name} · <b>{status}</b> · {timing} · <a href="{r.name}.ipynb">notebook</a>{committed} · '
             f'{len(r.figures)} figure(s)</p>{err}<div class="thumbs">{thumbs}</div></section>')
     banner = ""
     if quick:

@@ -17,14 +17,28 @@ import functools
 import importlib
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 #: The chapters with exercises; ``mimo_kit.solutions.<chapter>.solution(n)`` computes their reference answers.
 CHAPTERS = ("ch01", "ch02a", "ch02b", "ch02c", "ch03", "ch04a", "ch04b", "ch04c", "ch05a", "ch05b", "ch06", "ch07")
 
 
+#: what the student edition says where a reference would be needed
+NO_REFERENCES = ("this is the student edition of the kit: it ships no reference answers; your instructor grades "
+                 "the notebook you hand in with `mimo-kit grade`")
+
+
+def references_shipped() -> bool:
+    """Whether this copy of the kit has the reference answers (``mimo_kit.solutions``); the student edition
+    (``mimo-kit course --student``, :mod:`mimo_kit.student`) does not."""
+    return (Path(__file__).resolve().parent / "solutions" / "__init__.py").is_file()  # this copy's own
+
+
 @functools.cache
 def _reference(chapter: str, index: int) -> Any:
+    if not references_shipped():
+        raise LookupError(NO_REFERENCES)
     return importlib.import_module(f"mimo_kit.solutions.{chapter}").solution(index)
 
 
@@ -130,11 +144,16 @@ class Exercise:
         return why
 
     def check(self, answer: Any) -> bool | None:
-        """Print ✓ / ✗ for a notebook (never raises, so a notebook runs through); None while unanswered. A wrong
-        type or shape is answered with what was expected."""
+        """Print ✓ / ✗ for a notebook (never raises, so a notebook runs through); None while unanswered, and in the
+        student edition, which records the answer without judging it. A wrong type or shape is answered with what
+        was expected."""
         head = f"exercise {self.number} ({self.form})"
         if answer is None:
             print(f"{head}: not answered yet")
+            return None
+        if not references_shipped():
+            print(f"{head}: answer recorded ({_short(answer)}); the student edition has no reference answers, "
+                  "your instructor's `mimo-kit grade` judges it")
             return None
         try:
             ok = self.accepts(answer)
@@ -143,6 +162,11 @@ class Exercise:
             ok, why = False, f"the answer could not be compared ({type(e).__name__}: {str(e)[:120]})"
         print(f"{head}: {'✓ correct' if ok else '✗ not quite, try again'}" + (f": {why}" if why else ""))
         return ok
+
+
+def _short(answer: Any) -> str:
+    text = repr(answer)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 #: decimals a typed answer has at most: a number with more is a computation's float (4.16 / 1.5 from a rounded

@@ -314,14 +314,17 @@ def with_sft(out, sft_file) -> None:
 
 @pytest.fixture
 def assert_local_mathjax():
-    """Check that an HTML page loads MathJax from a folder beside it holding MathJax and the config it asks for."""
+    """Check that an HTML page loads MathJax 3 from the assets folder beside it (the TeX fonts in place) and
+    fetches nothing from the network (``folder``: the page's folder)."""
     import re
 
+    from mimo_kit import web
+
     def check(page: str, folder) -> None:
-        (src,) = re.findall(r'<script src="([^"]*MathJax\.js[^"]*)"', page)
-        path, config = src.split("?config=")
-        assert not src.startswith("http") and (folder / path).is_file(), src
-        for name in config.split(","):
-            assert (folder / path).parent.joinpath("config", f"{name}.js").is_file(), name
+        (src,) = re.findall(r'<script[^>]*\bsrc="([^"]*tex-chtml-full\.js)"', page)
+        assert not src.startswith(("http", "//")) and (folder / src).is_file(), src
+        fonts = (folder / src).parent / "output" / "chtml" / "fonts" / "woff-v2"
+        assert (fonts / "MathJax_Math-Italic.woff").is_file() and (fonts / "MathJax_Main-Regular.woff").is_file()
+        assert web.remote_urls(page) == [], web.remote_urls(page)
 
     return check

@@ -196,8 +196,33 @@ class Lab:
         self.proc = None
 
 
-def start_chromium(chromium: str, chromedriver: str, *, profile: Path):
-    """Headless Chromium through the system chromedriver, both by path: selenium-manager must not run."""
+def system_browser() -> tuple[str, str]:
+    """(chromium, chromedriver) from the system, or skip (fail under ``CI``) naming what is missing."""
+    import shutil
+
+    import pytest
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver") or next(
+        (p for p in ("/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver") if os.access(p, os.X_OK)), None)
+    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path]
+    hints = ["`apt-get install chromium chromium-driver`"] if missing else []
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium")
+        hints.append("`pip install -e .[dev]`")
+    if missing:
+        reason = f"browser test needs {', '.join(missing)}; install with {' and '.join(hints)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set: {reason}")
+        pytest.skip(reason)
+    return chromium, driver
+
+
+def start_chromium(chromium: str, chromedriver: str, *, profile: Path, offline: bool = False):
+    """Headless Chromium through the system chromedriver, both by path: selenium-manager must not run.
+    ``offline``: no host name resolves, so a page that needs anything from the network shows it."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common import selenium_manager
@@ -209,7 +234,8 @@ def start_chromium(chromium: str, chromedriver: str, *, profile: Path):
     options.binary_location = chromium
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,1000", f"--user-data-dir={profile}", "--no-first-run",
-                "--disable-extensions", "--disable-background-networking", "--disable-component-update"):
+                "--disable-extensions", "--disable-background-networking", "--disable-component-update",
+                *(["--host-resolver-rules=MAP * ~NOTFOUND"] if offline else [])):
         options.add_argument(arg)
     service = Service(executable_path=chromedriver)
     original = selenium_manager.SeleniumManager.binary_paths

@@ -14,8 +14,6 @@ path, so selenium-manager never runs and nothing downloads a browser. Without th
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from lab_browser import (
     save_notebook,
     start_chromium,
     stderr_texts,
+    system_browser,
     traceback_texts,
     wait_for,
     wait_until_executed,
@@ -38,26 +37,6 @@ CHAPTER = REPO / "notebooks" / "ch04c_groupwise_grading.ipynb"
 SCRATCH = "scratch_error.ipynb"
 SCREENSHOT = REPO / "runs" / "browser" / "ch04c_groupwise_grading.png"
 RUN_TIMEOUT = 240  # seconds for Run All on one notebook, kernel start included
-
-
-def _system_browser() -> tuple[str, str]:
-    """(chromium, chromedriver) from the system, or skip (fail under ``CI``) naming what is missing."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver = shutil.which("chromedriver") or next(
-        (p for p in ("/usr/lib/chromium/chromedriver", "/usr/bin/chromedriver") if os.access(p, os.X_OK)), None)
-    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path]
-    hints = ["`apt-get install chromium chromium-driver`"] if missing else []
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        missing.append("selenium")
-        hints.append("`pip install -e .[dev]`")
-    if missing:
-        reason = f"browser test needs {', '.join(missing)}; install with {' and '.join(hints)}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set: {reason}")
-        pytest.skip(reason)
-    return chromium, driver
 
 
 def _strip_outputs(src: Path, dst: Path) -> None:
@@ -79,7 +58,7 @@ def _scratch(dst: Path) -> None:
 
 @pytest.fixture(scope="module")
 def browser_lab(tmp_path_factory):
-    chromium, driver_path = _system_browser()
+    chromium, driver_path = system_browser()
     root = tmp_path_factory.mktemp("lab")
     _strip_outputs(CHAPTER, root / CHAPTER.name)
     _scratch(root / SCRATCH)

@@ -74,6 +74,32 @@ def test_course_command_exit_code_reflects_failures(tmp_path, capsys):
     assert "FAILED ch09_bad" in capsys.readouterr().err and (tmp_path / "c" / "index.html").exists()
 
 
+def test_committed_course_converts_without_executing(tmp_path, capsys, assert_local_mathjax):
+    """`mimo-kit course --committed`: the committed outputs, as they are, with navigation; no kernel runs (the
+    chapters' code would print "quick" / "full", and one would raise)."""
+    src = tmp_path / "nbs"
+    src.mkdir()
+    stems = ["ch01_a", "ch02_b"]
+    for stem in stems:
+        _chapter(src / f"{stem}.ipynb", "Section", f"committed full output of {stem}")
+    broken = nbformat.read(src / "ch02_b.ipynb", as_version=4)
+    broken.cells.append(nbformat.v4.new_code_cell("raise SystemExit('would fail if run')"))
+    nbformat.write(broken, src / "ch02_b.ipynb")
+    out = tmp_path / "course"
+    assert main(["course", "--committed", "--notebooks", str(src), "--out", str(out)]) == 0
+    assert "nothing executed" in capsys.readouterr().out
+    for i, stem in enumerate(stems):
+        page = (out / f"{stem}.html").read_text()
+        assert f"committed full output of {stem}" in page and "quick\n" not in page and "full\n" not in page
+        assert QUICK_BANNER not in page and "not executed here" in page
+        assert _hrefs(page, "mk-nav-top")[-1] == ("index.html", "index") if i else ("ch02_b.html", "next →")
+        assert_local_mathjax(page, out)
+    index = (out / "index.html").read_text()
+    assert index.count("not executed") == 2 and "committed/" not in index
+    assert main(["course", "--committed", "--notebooks", str(src), "--out", str(out), "--only", "nope"]) == 2
+    assert "only='nope'" in capsys.readouterr().err
+
+
 def test_source_hash_changes_with_any_cell_source():
     a = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
     b = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")])

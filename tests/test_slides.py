@@ -1,80 +1,118 @@
+"""Lecture decks (``mimo-kit slides``): what goes on a slide, the speaker notes, local assets only."""
+
 import re
 
 import nbformat
 import pytest
 
-from mimo_kit import slides
+from mimo_kit import slides, web
 from mimo_kit.cli import main
 from mimo_kit.course import NOTEBOOK_DIR, notebooks
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+v4 = nbformat.v4
 
 
-def _deck_notebook():
-    """Title slide, a slide with a sub-slide, a long code cell, a skipped cell, an empty cell, a figure."""
-    v4 = nbformat.v4
-    figure = v4.new_code_cell("plot()")
-    figure.outputs = [v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"})]
-    skipped = v4.new_code_cell("print('SKIPPED-CELL')", metadata={"slideshow": {"slide_type": "skip"}})
-    own = v4.new_markdown_cell("a note that opens its own slide", metadata={"slideshow": {"slide_type": "slide"}})
+def _figure_cell(source="plot()"):
+    cell = v4.new_code_cell(source)
+    cell.outputs = [v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"}),
+                    v4.new_output("stream", name="stdout", text="PRINTED-TEXT\n")]
+    return cell
+
+
+def _lecture():
+    """A chapter: a title cell, a section with an equation and prose, a figure, a marked code cell, a sub-section,
+    a skipped cell, a notes cell and a table output."""
+    table = v4.new_code_cell("nb.table(rows)")
+    table.outputs = [v4.new_output("display_data", data={"text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |",
+                                                          "text/plain": "<Markdown>"})]
     return v4.new_notebook(cells=[
-        v4.new_markdown_cell("# Chapter title\nwhat it covers"),       # slide 1
-        v4.new_code_cell("x = 1"),                                    # -
-        v4.new_markdown_cell("## Section A\ntext"),                   # slide 2
-        v4.new_code_cell("\n".join(f"y{i} = {i}" for i in range(20))),  # fragment (long, no figure)
-        v4.new_markdown_cell("### A, exercise"),                      # sub-slide of slide 2
-        skipped,                                                      # skip (its own metadata)
-        v4.new_code_cell(""),                                         # skip (empty)
-        v4.new_markdown_cell("## Section B"),                         # slide 3
-        figure,                                                       # -
-        own,                                                          # slide 4 (its own metadata)
+        v4.new_markdown_cell("# Chapter title\n\nFirst sentence of the chapter. Second sentence " + "x " * 150),
+        v4.new_code_cell("import HIDDEN_CODE"),
+        v4.new_markdown_cell("## Section A\n\nLead of A. " + "More prose of A. " * 20 + "\n\n$$A_i = r_i - b$$\n\n"
+                             "Closing PROSE-ONLY-IN-NOTES."),
+        _figure_cell(),
+        v4.new_code_cell("SHOWN_CODE = 1", metadata={"slideshow": {"slide_type": "fragment"}}),
+        v4.new_markdown_cell("### A, detail\n\n- one\n- two"),
+        v4.new_markdown_cell("SKIPPED-CELL", metadata={"slideshow": {"slide_type": "skip"}}),
+        v4.new_markdown_cell("NOTES-CELL", metadata={"slideshow": {"slide_type": "notes"}}),
+        v4.new_markdown_cell("## Section B"),
+        table,
     ])
 
 
-def test_rule_marks_cells_and_leaves_the_notebook_alone():
-    nb = _deck_notebook()
+def test_lecture_rule_places_narrative_equations_figures_and_notes():
+    nb = _lecture()
     before = nbformat.writes(nb)
-    kinds = [c.metadata.slideshow.slide_type for c in slides.mark_slides(nb).cells]
-    assert kinds == ["slide", "-", "slide", "fragment", "subslide", "skip", "skip", "slide", "-", "slide"]
-    assert nbformat.writes(nb) == before
-    assert slides.expected_sections(nb) == 2 * 4 + 1
+    deck = slides.deck_slides(nb)
+    assert nbformat.writes(nb) == before  # the notebook is not touched
+    titles = [(s.title, s.vertical, s.figure) for s in deck]
+    assert titles == [("Chapter title", False, False), ("Section A", False, False), ("Section A", False, True),
+                      ("Section A (cont.)", False, False),  # a figure's slide holds the figure alone
+                      ("A, detail", True, False), ("Section B", False, False), ("Section B", False, True)]
+    on_slide = ["".join(b for b, _ in s.blocks) for s in deck]
+    notes = ["".join(s.notes) for s in deck]
+    assert on_slide[0].count("First sentence of the chapter.") == 1 and "Second sentence" not in on_slide[0]
+    assert "Second sentence" in notes[0]
+    assert "Lead of A." in on_slide[1] and "$$A_i = r_i - b$$" in on_slide[1]
+    assert "PROSE-ONLY-IN-NOTES" not in on_slide[1] and "PROSE-ONLY-IN-NOTES" in notes[1]
+    assert "<img" in on_slide[2] and "PRINTED-TEXT" not in "".join(on_slide)
+    assert "HIDDEN_CODE" not in "".join(on_slide)
+    assert 'class="fragment"' in on_slide[3] and "SHOWN_CODE" in on_slide[3]  # a marked code cell shows its code
+    assert "<li>one</li>" in on_slide[4] and "NOTES-CELL" in notes[4]
+    assert "SKIPPED-CELL" not in "".join(on_slide + notes)
+    assert "<table>" in on_slide[6]
+    assert slides.expected_slides(nb) == len(deck) == 7
 
 
-def test_deck_has_one_section_per_slide_and_drops_skipped_cells():
-    nb = _deck_notebook()
-    deck = slides.deck_html(nb, reveal_prefix="reveal.js")
-    assert deck.count("<section") == deck.count("</section>") == 2 * 4 + 1
-    top = re.findall(r"<section>\s*<section>", deck)
-    assert len(top) == 4
-    assert "SKIPPED-CELL" not in deck and "<img" in deck and "Section B" in deck
-    assert 'class="fragment"' in deck
-    assert '"reveal.js/dist/reveal.js"' in deck and "unpkg.com/reveal.js" not in deck
+def test_a_long_list_continues_on_a_next_slide():
+    items = "\n".join(f"{i}. item {i} " + "word " * 30 for i in range(1, 13))
+    deck = slides.deck_slides(v4.new_notebook(cells=[v4.new_markdown_cell(f"## Many\n\n{items}")]))
+    assert [s.title for s in deck][:2] == ["Many", "Many (cont.)"] and len(deck) >= 2
+    assert all(s.lines <= slides.SCREEN_LINES for s in deck)
+    text = "".join(b for s in deck for b, _ in s.blocks)
+    assert all(f"item {i} " in text for i in range(1, 13))
+    assert 'start="' in "".join(b for b, _ in deck[1].blocks)  # the numbering goes on
+
+
+def test_blocks_and_leads():
+    blocks = slides.markdown_blocks("## T\n\ntext one\ntext two\n\n$$a\n\n= b$$\n\n- x\n  more\n- y\n\n| a |\n|---|")
+    assert [k for k, _ in blocks] == ["heading2", "prose", "math", "list", "table"]
+    assert blocks[2][1] == "$$a\n\n= b$$"
+    assert slides.lead_of("Short one. Two.") == "Short one. Two."
+    long = "The rate $p = 0.5. Q$ holds. Then " + "more " * 60
+    assert slides.lead_of(long) == "The rate $p = 0.5. Q$ holds."  # no cut inside maths
 
 
 def test_own_slide_type_is_checked():
-    cell = nbformat.v4.new_markdown_cell("x", metadata={"slideshow": {"slide_type": "big"}})
+    cell = v4.new_markdown_cell("x", metadata={"slideshow": {"slide_type": "big"}})
     with pytest.raises(ValueError, match="'big'"):
-        slides.slide_type_for(cell)
+        slides.slide_mark(cell)
 
 
-def test_cli_writes_one_deck_for_a_committed_chapter(tmp_path, capsys, assert_local_mathjax):
+def test_deck_loads_only_local_assets(tmp_path, assert_local_mathjax):
+    (deck,) = slides.write_slides(tmp_path, only="ch04c")
+    page = deck.read_text()
+    assert_local_mathjax(page, tmp_path)
+    for src in [web.REVEAL_JS, web.REVEAL_NOTES, *web.REVEAL_CSS]:
+        assert f'"{src}"' in page and (tmp_path / src).is_file(), src
+    assert web.remote_urls(page) == []
+    assert page.count('<aside class="notes">') >= 5
+
+
+def test_cli_writes_one_deck_per_committed_chapter(tmp_path, capsys):
     (path,) = [p for p in notebooks() if "ch04c" in p.stem]
     before = path.read_bytes()
     assert main(["slides", "--out", str(tmp_path), "--only", "ch04c"]) == 0
     decks = sorted(tmp_path.glob("*.slides.html"))
     assert [d.name for d in decks] == [f"{path.stem}.slides.html"] and str(decks[0]) in capsys.readouterr().out
-    deck = decks[0].read_text()
-    assert_local_mathjax(deck, tmp_path)
+    page = decks[0].read_text()
     nb = nbformat.read(path, as_version=4)
-    has_images = any("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
-    assert has_images and "<img" in deck
-    assert deck.count("<section") == slides.expected_sections(nb)
+    figures = sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    assert page.count('<img class="mk-figure"') == figures > 0  # every figure of the chapter is on a slide
+    assert len(re.findall(r"<section data-mk-slide=", page)) == slides.expected_slides(nb)
     assert path.read_bytes() == before  # the committed notebook is not touched
-
-
-def test_cli_default_prefix_matches_the_module():
-    from mimo_kit.cli import parse_args
-
-    assert parse_args(["slides"]).reveal_prefix == slides.DEFAULT_REVEAL_PREFIX
+    assert main(["slides", "--out", str(tmp_path), "--only", "no-such-chapter"]) == 2
+    assert "no-such-chapter" in capsys.readouterr().err
     with pytest.raises(FileNotFoundError, match="no-such-chapter"):
-        slides.write_slides("unused", directory=NOTEBOOK_DIR, only="no-such-chapter")
+        slides.write_slides(tmp_path, directory=NOTEBOOK_DIR, only="no-such-chapter")
