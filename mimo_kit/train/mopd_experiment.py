@@ -23,8 +23,9 @@ checked per MOPD² variant and domain d with teacher T(d): the student recovers 
 
     pass(MOPD², d) ≥ pass(SFT-only, d)   and   pass(MOPD², d) ≥ pass(T(d), d) − margin
 
-and the verdict counts the seeds where both hold. When a domain fails either test the verdict says so: the toy
-scale does not show it.
+and both hold on every seed (the rule of every experiment claim of the kit, :func:`mimo_kit.nb.claim_agreement`:
+a direction that holds on the means but not on each seed is within the seed-to-seed spread). When a domain fails
+either test, on the means or on a seed, the verdict says which: the toy scale does not show it.
 """
 
 from __future__ import annotations
@@ -100,9 +101,11 @@ def run_seed(cfg: MOPDConfig, top: Path) -> dict[str, Any]:
 
 
 def claim_check(res: dict) -> dict[str, Any]:
-    """Does each MOPD² variant recover both teachers' domains? (module docstring: ≥ SFT-only and within
-    ``margin`` of the domain's teacher, on the seed means; seeds counted.) Returns verdict lines and booleans."""
-    margin, lines, recovers = res["margin"], [], {}
+    """Does each MOPD² variant recover both teachers' domains? (module docstring: ≥ SFT-only and within ``margin``
+    of the domain's teacher, on the seed means and on every seed.) Returns verdict lines, per arm whether it
+    recovers both domains (``recovers``), and per arm and domain the judgement (``domains[arm][domain]``: the seed
+    means, the seeds on which both tests hold, ``recovered``, and ``reason``, which test failed)."""
+    margin, lines, recovers, domains = res["margin"], [], {}, {}
     for arm in ("mopd-standard", "mopd-prefix"):
         ok_all = True
         for dom in DOMAINS:
@@ -111,20 +114,21 @@ def claim_check(res: dict) -> dict[str, Any]:
                          (res["arms"][arm]["runs"], res["arms"]["sft-only"]["runs"], res["teachers"][teacher]["runs"]))
             m, m_sft, m_t = (sum(x) / len(x) for x in (s, sft, t))
             seeds_ok = sum(a >= b and a >= c - margin for a, b, c in zip(s, sft, t))
-            ok = m >= m_sft and m >= m_t - margin
+            on_means = m >= m_sft and m >= m_t - margin
+            ok = on_means and seeds_ok == len(s)
+            reason = ("" if ok else "below SFT-only" if m < m_sft else "more than the margin below the teacher"
+                      if not on_means else f"holds on the seed means, on {seeds_ok} of {len(s)} seeds only")
+            domains.setdefault(arm, {})[dom] = {"teacher": teacher, "mean": m, "sft_only": m_sft, "teacher_mean": m_t,
+                                                "seeds_ok": seeds_ok, "seeds": len(s), "recovered": ok,
+                                                "reason": reason}
             ok_all &= ok
             where = (f"{arm} on {dom}: {m:.3f} vs SFT-only {m_sft:.3f} and teacher '{teacher}' {m_t:.3f} "
                      f"(margin {margin}); both hold on {seeds_ok} of {len(s)} seeds")
-            if ok:
-                lines.append(f"recovered: {where}")
-            elif m < m_sft:
-                lines.append(f"not shown at this scale (below SFT-only): {where}")
-            else:
-                lines.append(f"not shown at this scale (more than the margin below the teacher): {where}")
+            lines.append(f"recovered: {where}" if ok else f"not shown at this scale ({reason}): {where}")
         recovers[arm] = ok_all
     head = [f"{arm}: {'recovers both teachers' if v else 'does NOT recover both teachers at toy scale'}"
             for arm, v in recovers.items()]
-    return {"recovers": recovers, "lines": head + lines}
+    return {"recovers": recovers, "domains": domains, "lines": head + lines}
 
 
 def mopd2(cfg: MOPD2Config) -> dict[str, Any]:
@@ -201,8 +205,11 @@ experiment("mopd2", MOPD2Config, chapter="ch05b",
 
 def saved_or_run(quick: bool) -> dict:
     """Chapter 5b's source (:func:`mimo_kit.results.saved_or_run`): the published ``data/rl/mopd2_tiny.json`` when
-    it exists, in quick mode too; else a live run (quick mode: the ``quick`` preset, one seed in miniature)."""
+    it exists, in quick mode too; else a live run (quick mode: the ``quick`` preset, one seed in miniature). The
+    claim is judged again from the per-seed numbers (:func:`claim_check`)."""
     from mimo_kit.results import saved_or_run as saved_or
 
-    return saved_or("rl/mopd2_tiny.json", "mimo-kit run mopd2", lambda: mopd2(MOPD2Config.preset("quick" if quick
-                                                                                              else "tiny")))
+    res = saved_or("rl/mopd2_tiny.json", "mimo-kit run mopd2", lambda: mopd2(MOPD2Config.preset("quick" if quick
+                                                                                                 else "tiny")))
+    res["claim"] = claim_check(res)  # judged by this code's rule, whatever rule the saved file was judged by
+    return res
