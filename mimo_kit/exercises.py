@@ -20,19 +20,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mimo_kit import answers
+
 #: The chapters with exercises; ``mimo_kit.solutions.<chapter>.solution(n)`` computes their reference answers.
 CHAPTERS = ("ch01", "ch02a", "ch02b", "ch02c", "ch03", "ch04a", "ch04b", "ch04c", "ch05a", "ch05b", "ch06", "ch07")
 
 
 #: what the student edition says where a reference would be needed
-NO_REFERENCES = ("this is the student edition of the kit: it ships no reference answers; your instructor grades "
-                 "the notebook you hand in with `mimo-kit grade`")
+NO_REFERENCES = ("this copy of the kit (the student edition, or a kernel that `mimo-kit grade` runs) has no "
+                 "reference answers; your instructor grades the notebook you hand in with `mimo-kit grade`")
 
 
 def references_shipped() -> bool:
     """Whether this copy of the kit has the reference answers (``mimo_kit.solutions``); the student edition
     (``mimo-kit course --student``, :mod:`mimo_kit.student`) does not."""
-    return (Path(__file__).resolve().parent / "solutions" / "__init__.py").is_file()  # this copy's own
+    return (Path(__file__).parent / "solutions" / "__init__.py").is_file()  # this copy's own (a link farm's too)
 
 
 @functools.cache
@@ -148,12 +150,16 @@ class Exercise:
         student edition, which records the answer without judging it. A wrong type or shape is answered with what
         was expected."""
         head = f"exercise {self.number} ({self.form})"
+        try:
+            answers.record(self.chapter, self.number, answer)  # only under `mimo-kit grade`
+        except OSError as e:
+            print(f"{head}: the answer could not be recorded for grading ({e})")
         if answer is None:
             print(f"{head}: not answered yet")
             return None
         if not references_shipped():
-            print(f"{head}: answer recorded ({_short(answer)}); the student edition has no reference answers, "
-                  "your instructor's `mimo-kit grade` judges it")
+            print(f"{head}: answer recorded ({_short(answer)}); this copy of the kit has no reference answers, "
+                  "`mimo-kit grade` judges it")
             return None
         try:
             ok = self.accepts(answer)
@@ -315,24 +321,38 @@ _ALL = [
     Exercise("ch01", 2, "(rollouts, tokens per rollout) as integers; the second rounded either way, ±1",
              tol=(0, 1)),
     Exercise("ch01", 3, "a `mimo-kit run …` line, compared as the job it runs", normalise=_run_target),
+    Exercise("ch01", 4, "GiB per GPU to 2 decimals (or more, correctly rounded)", decimals=2),
+    Exercise("ch01", 5, "(total ratio, active ratio), each to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 1, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 2, "billions to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 3, "an integer number of tokens"),
+    Exercise("ch02a", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch02a", 5, "[[the two experts, increasing], [their weights]], weights to 3 decimals (or more, correctly "
+             "rounded)", decimals=3),
     Exercise("ch02b", 1, "tokens per round to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 2, "three probabilities, each to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 3, "a speedup to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02c", 1, "an integer number of backbone positions"),
     Exercise("ch02c", 2, "an integer number of tiles"),
     Exercise("ch02c", 3, "an integer number of RVQ tokens"),
+    Exercise("ch02c", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch02c", 5, "an integer number of bits per second"),
     Exercise("ch03", 1, "tokens per active parameter, an integer rounded either way, ±1", tol=1),
     Exercise("ch03", 2, "bits per weight, exact (two decimals suffice)", decimals=2),
     Exercise("ch03", 3, "the dequantised value, exact (two decimals suffice)", decimals=2),
+    Exercise("ch03", 4, "a factor to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch03", 5, "two values in the order of G's diagonal, each to 3 decimals (or more, correctly rounded)",
+             decimals=3),
     Exercise("ch04a", 1, "an integer"),
     Exercise("ch04a", 2, "an integer"),
+    Exercise("ch04a", 3, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch04a", 4, "versions to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch04b", 1, "an integer: tasks bypassed"),
     Exercise("ch04b", 2, "a tuple (type, function, file) of strings"),
     Exercise("ch04b", 3, "R to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch04b", 4, "a sorted list of the rubric item names `sprawl` fails", unordered=True),
+    Exercise("ch04b", 5, "R to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch04b", 6, "a similarity to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch04c", 1, "two advantages to 4 decimals (or more, correctly rounded), with the kit's ε = 1e-4 in the "
              "std or the textbook's without", decimals=4),
     Exercise("ch04c", 2, "an index 0–3"),
@@ -342,6 +362,10 @@ _ALL = [
     Exercise("ch05a", 1, "an integer"),
     Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),
+    Exercise("ch05a", 3, "an integer number of seeds"),
+    Exercise("ch05a", 4, "the interval's lower end to 4 decimals (or more, correctly rounded)", decimals=4),
+    Exercise("ch05a", 5, "[CV, cold share]: the CV to 3 decimals (or more, correctly rounded), the share exact",
+             decimals=(3, 3)),
     Exercise("ch05b", 1, "k_t to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch05b", 2, "nats to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch05b", 3, "a sorted list of row indices", unordered=True),
@@ -351,6 +375,8 @@ _ALL = [
     Exercise("ch07", 1, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch07", 2, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch07", 3, "a weight to 5 decimals (or more, correctly rounded)", decimals=5),
+    Exercise("ch07", 4, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
+    Exercise("ch07", 5, "an integer number of parameters"),
 ]
 
 #: (chapter, number) → exercise, for every chapter notebook's exercises.

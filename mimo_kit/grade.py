@@ -10,10 +10,14 @@ namespace: no network, not even the loopback) and talks to the grader over Unix 
 transport) instead of TCP. Where ``unshare`` is refused (a container without user namespaces) the kernel runs
 unsandboxed and the grader says so.
 
-Verdicts are the registry's own (:meth:`mimo_kit.exercises.Exercise.check` prints ``exercise N (form): ✓ correct``,
-``✗ not quite…`` or ``not answered yet``), read from the output of the cell that called
-``exercise("chXX", N).check(…)``. Every exercise the chapter registers gets a row, also those the notebook never
-reached (``not run``) or removed (``missing``). The gradebook has one row per submission and exercise:
+Verdicts are judged here, not in the kernel. The kernel imports a view of the kit without its references
+(:func:`answer_free_kit`: links to every part of the checkout but ``mimo_kit/solutions``, which is also blocked
+from any other import path), so a submission cannot look an answer up; its ``exercise(c, n).check(answer)`` records
+the answer (:mod:`mimo_kit.answers`) and the grader judges the last recorded answer of each exercise with the
+registry (:meth:`~mimo_kit.exercises.Exercise.accepts`). Nothing the notebook prints is read as a verdict, and a
+monkeypatched checker changes nothing. Every exercise the chapter registers gets a row, also those the notebook
+asked but never reached (``not run``) or never asked (``missing``). The gradebook has one row per submission and
+exercise:
 
     student, notebook, chapter, exercise, verdict, points
 
@@ -32,13 +36,11 @@ import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import nbformat
 
-#: the registry's check line (mimo_kit.exercises.Exercise.check)
-VERDICT = re.compile(r"^exercise (\d+) \(.*\): (✓ correct|✗ not quite|not answered yet)", re.MULTILINE)
 CALL = re.compile(r'exercise\(\s*"(\w+)"\s*,\s*(\d+)\s*\)\s*\.check\(')
-VERDICTS = {"✓ correct": "correct", "✗ not quite": "wrong", "not answered yet": "unanswered"}
 FIELDS = ("student", "notebook", "chapter", "exercise", "verdict", "points")
 
 
@@ -62,16 +64,6 @@ class Graded:
                  "verdict": v, "points": int(v == "correct")} for n, v in sorted(self.verdicts.items())]
 
 
-def _text(outputs: list) -> str:
-    parts = []
-    for o in outputs:
-        if o.get("output_type") == "stream":
-            parts.append(o.get("text", ""))
-        elif o.get("output_type") in ("execute_result", "display_data"):
-            parts.append(o.get("data", {}).get("text/plain", ""))
-    return "".join(parts)
-
-
 def chapter_of(nb: nbformat.NotebookNode, path: Path) -> str:
     """The chapter a notebook answers: the exercise calls' chapter, else the file name's prefix (``ch04c_…``)."""
     from mimo_kit.exercises import CHAPTERS
@@ -86,25 +78,32 @@ def chapter_of(nb: nbformat.NotebookNode, path: Path) -> str:
                      f"should start with one of {', '.join(CHAPTERS)})")
 
 
-def verdicts_of(nb: nbformat.NotebookNode, chapter: str) -> tuple[dict[int, str], list[str]]:
-    """Each registered exercise's verdict in an executed notebook, and the errors its cells raised."""
-    from mimo_kit.exercises import chapter_exercises
+def verdicts_of(nb: nbformat.NotebookNode, chapter: str, recorded: dict[int, Any]) -> tuple[dict[int, str], list[str]]:
+    """Each registered exercise's verdict, judged on its last ``recorded`` answer, and the errors the executed
+    notebook's cells raised. An exercise asked in the notebook but with no recorded answer is ``not run``."""
+    from mimo_kit.exercises import chapter_exercises, exercise
 
     found: dict[int, str] = {e.number: "missing" for e in chapter_exercises(chapter)}
     errors = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        asked = [int(n) for ch, n in CALL.findall(cell.source) if ch == chapter and int(n) in found]
-        for n in asked:
-            if found[n] == "missing":
-                found[n] = "not run"  # asked here; replaced by the check's own line when the cell printed it
+        for ch, n in CALL.findall(cell.source):
+            if ch == chapter and int(n) in found:
+                found[int(n)] = "not run"
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
                 errors.append(f"cell {i}: {o.get('ename')}: {str(o.get('evalue'))[:200]}")
-        for n, verdict in VERDICT.findall(_text(cell.get("outputs", []))):
-            if int(n) in found and int(n) in asked:
-                found[int(n)] = VERDICTS[verdict]
+    for n, answer in recorded.items():
+        if n not in found:
+            continue
+        if answer is None:
+            found[n] = "unanswered"
+            continue
+        try:
+            found[n] = "correct" if exercise(chapter, n).accepts(answer) else "wrong"
+        except Exception:  # noqa: BLE001 - an answer the registry cannot compare is a wrong one
+            found[n] = "wrong"
     return found, errors
 
 
@@ -134,12 +133,52 @@ def _sandboxed_kernel_class():
     return SandboxedKernelManager
 
 
+#: the kernel's first import hook: ``mimo_kit.solutions`` is not importable, whatever the path (an editable
+#: install's finder maps the package's submodules to the checkout)
+_BLOCK_REFERENCES = """import sys
+
+
+class _NoReferences:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mimo_kit.solutions" or name.startswith("mimo_kit.solutions."):
+            raise ModuleNotFoundError(f"{name}: a kernel that mimo-kit grade runs has no reference answers")
+        return None
+
+
+sys.meta_path.insert(0, _NoReferences())
+"""
+
+
+def answer_free_kit(root: Path) -> Path:
+    """A view of the checkout without the references, for graded kernels (``PYTHONPATH=root``): ``root`` links to
+    every top-level entry of the checkout but ``mimo_kit`` and ``instructor``; ``root/mimo_kit`` links to every
+    entry of the package but ``solutions``; ``root/sitecustomize.py`` blocks importing ``mimo_kit.solutions`` by
+    any other path. Paths the kit resolves from its own files (``data/``, ``notebooks/``) still lead to the
+    checkout."""
+    import mimo_kit
+
+    package = Path(mimo_kit.__file__).resolve().parent
+    root.mkdir(parents=True, exist_ok=True)
+    for entry in package.parent.iterdir():
+        if entry.name not in ("mimo_kit", "instructor", ".git", ".venv"):
+            (root / entry.name).symlink_to(entry)
+    (root / "mimo_kit").mkdir()
+    for entry in package.iterdir():
+        if entry.name not in ("solutions", "__pycache__"):
+            (root / "mimo_kit" / entry.name).symlink_to(entry)
+    (root / "sitecustomize.py").write_text(_BLOCK_REFERENCES)
+    return root
+
+
 def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "tiny",
               sandbox: bool | None = None) -> Graded:
-    """Execute one submission in a private copy of its folder and read its verdicts. ``sandbox``: the kernel
-    without network (default: wherever ``unshare -rn`` works)."""
+    """Execute one submission in a private copy of its folder and judge its recorded answers. ``sandbox``: the
+    kernel without network (default: wherever ``unshare -rn`` works)."""
+    import os
+
     from nbclient import NotebookClient
 
+    from mimo_kit.answers import ANSWERS_ENV, recorded
     from mimo_kit.course import kernel_env
 
     path = Path(path)
@@ -147,19 +186,25 @@ def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "ti
     chapter = chapter_of(nb, path)
     sandbox = sandbox_available() if sandbox is None else sandbox
     with tempfile.TemporaryDirectory(prefix="mimo-kit-grade-") as tmp:
-        work = Path(tmp) / "work"
-        shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns("*.ipynb", "runs", ".ipynb_checkpoints"))
+        work, answers = Path(tmp) / "work", Path(tmp) / "answers.jsonl"
+        # the folder's files, less notebooks, runs and anything that would shadow the kit
+        shutil.copytree(path.parent, work, ignore=shutil.ignore_patterns(
+            "*.ipynb", "runs", ".ipynb_checkpoints", "mimo_kit", "sitecustomize.py", "usercustomize.py", "*.pth"))
+        kit = answer_free_kit(Path(tmp) / "kit")
+        env = kernel_env(quick=True, preset=preset)
+        env["PYTHONPATH"] = os.pathsep.join([str(kit), *filter(None, [env.get("PYTHONPATH")])])
+        env[ANSWERS_ENV] = str(answers)
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", allow_errors=True,
                                 interrupt_on_timeout=True, resources={"metadata": {"path": str(work)}})
         if sandbox:  # Unix sockets cross the network namespace; TCP on the loopback would not
             client.km = _sandboxed_kernel_class()(kernel_name="python3", transport="ipc",
                                                   ip=str(Path(tmp) / "kernel"))
         try:
-            client.execute(env=kernel_env(quick=True, preset=preset))
+            client.execute(env=env)
             failure = None
         except Exception as e:  # noqa: BLE001 - a kernel that dies is this submission's failure, not the grader's
             failure = f"the kernel stopped: {type(e).__name__}: {str(e)[:200]}"
-    verdicts, errors = verdicts_of(nb, chapter)
+        verdicts, errors = verdicts_of(nb, chapter, recorded(answers, chapter))
     return Graded(student, path.name, chapter, verdicts, errors + ([failure] if failure else []), sandbox)
 
 

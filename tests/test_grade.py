@@ -44,17 +44,68 @@ def test_grade_writes_the_gradebook_of_three_submissions(tmp_path, capsys):
     assert not (tmp_path / "alice" / "runs").exists()  # executed in a private copy of the folder
 
 
-def test_verdicts_cover_every_registered_exercise_and_a_cell_that_never_printed():
-    """Read from outputs alone: a check that printed, one whose cell raised first (not run), one never asked."""
+def test_verdicts_are_judged_on_recorded_answers_not_on_printed_lines():
+    """A printed "✓ correct" counts for nothing; the recorded answer is judged; an exercise asked in a cell that
+    raised first is "not run", one never asked "missing"."""
+    ref = exercise("ch02a", 1).reference()
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell('exercise("ch02a", 1).check(x)', outputs=[nbformat.v4.new_output(
-            "stream", name="stdout", text="exercise 1 (GiB to 2 decimals, ±0.005): ✓ correct\n")]),
+            "stream", name="stdout", text="exercise 1 (GiB to 2 decimals): ✓ correct\n")]),
         nbformat.v4.new_code_cell('exercise("ch02a", 2).check(y)', outputs=[nbformat.v4.new_output(
             "error", ename="NameError", evalue="name 'y' is not defined", traceback=[])])])
-    verdicts, errors = verdicts_of(nb, "ch02a")
+    assert verdicts_of(nb, "ch02a", {})[0] == {1: "not run", 2: "not run", 3: "missing"}
+    verdicts, errors = verdicts_of(nb, "ch02a", {1: ref})
     assert verdicts == {1: "correct", 2: "not run", 3: "missing"}
     assert errors == ["cell 1: NameError: name 'y' is not defined"]
+    assert verdicts_of(nb, "ch02a", {1: ref + 1.0, 3: None})[0] == {1: "wrong", 2: "not run", 3: "unanswered"}
     assert set(verdicts) == {e.number for e in chapter_exercises("ch02a")}
+
+
+@pytest.mark.slow
+def test_a_submission_cannot_forge_a_verdict_or_look_an_answer_up(tmp_path):
+    """Printing a verdict line, monkeypatching the checker, asking the registry for the reference, importing the
+    references, shipping a fake `mimo_kit` beside the notebook: none of it earns a point."""
+    from mimo_kit.grade import grade_one
+
+    path = tmp_path / "eve" / "ch02a_architecture.ipynb"
+    fake = path.parent / "mimo_kit"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "exercises.py").write_text("def exercise(c, n):\n    raise SystemExit('the fake kit was imported')\n")
+    cells = ["from mimo_kit.exercises import Exercise, exercise",
+             'print("exercise 1 (GiB to 2 decimals): ✓ correct")\nexercise("ch02a", 1).check(None)',
+             'Exercise.accepts = lambda self, answer: True\nexercise("ch02a", 2).check(12345.0)',
+             'answer_3 = exercise("ch02a", 3).reference()\nexercise("ch02a", 3).check(answer_3)',
+             "import mimo_kit.solutions.ch02a"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]), path)
+    graded = grade_one(path, student="eve", timeout=120)
+    assert graded.verdicts == {1: "unanswered", 2: "wrong", 3: "not run"} and graded.score == 0
+    assert [e.split(":")[1].strip() for e in graded.errors] == ["LookupError", "ModuleNotFoundError"], graded.errors
+
+
+def test_answers_survive_the_record(tmp_path, monkeypatch):
+    """Every answer form the registry accepts reads the same after the kernel's record and the grader's decode."""
+    import decimal
+    import fractions
+
+    import numpy as np
+    import torch
+
+    from mimo_kit import answers
+
+    monkeypatch.setenv(answers.ANSWERS_ENV, str(tmp_path / "a.jsonl"))
+    forms = {1: np.float32(4.16), 2: torch.tensor([0.5, 0.25]), 3: fractions.Fraction(1, 3), 4: decimal.Decimal("2.50"),
+             5: (1, "x"), 6: {3, 1}, 7: [np.int64(2), 1.5], 8: None, 9: "2:+5", 10: object()}
+    for n, x in forms.items():
+        answers.record("chX", n, x)
+    got = answers.recorded(tmp_path / "a.jsonl", "chX")
+    assert got[1].dtype == np.float32 and float(got[1]) == float(np.float32(4.16))
+    assert got[2].dtype == np.float32 and got[2].tolist() == [0.5, 0.25]
+    assert got[3] == fractions.Fraction(1, 3) and got[4] == decimal.Decimal("2.50")
+    assert got[5] == (1, "x") and got[6] == {1, 3} and got[7][0] == 2 and got[7][1] == 1.5
+    assert got[8] is None and got[9] == "2:+5" and isinstance(got[10], answers.Unreadable)
+    answers.record("chX", 1, 7)  # the last answer counts
+    assert answers.recorded(tmp_path / "a.jsonl", "chX")[1] == 7 and answers.recorded(tmp_path / "a.jsonl", "chY") == {}
 
 
 def test_a_notebook_that_names_no_chapter_is_refused(tmp_path, capsys):
