@@ -50,7 +50,7 @@ lab: $(STAMP)
 notebooks: $(STAMP)
 	$(BIN)/mimo-kit notebooks
 
-# one reveal.js deck per chapter, from the committed notebooks as they are → runs/slides/<stem>.slides.html
+# one lecture deck per chapter (offline), from the committed notebooks as they are → runs/slides/<stem>.slides.html
 slides: $(STAMP)
 	$(BIN)/mimo-kit slides --out runs/slides
 
