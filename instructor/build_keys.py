@@ -119,6 +119,64 @@ assert exercise("ch01", 3).accepts("mimo-kit run scale-knobs --preset tiny 'name
 assert exercise("ch01", 3).accepts("""mimo-kit run scale-knobs 'names=["pro"]'""")
 assert not exercise("ch01", 3).accepts("mimo-kit run scale-knobs --preset pro")
 assert not exercise("ch01", 3).accepts("mimo-kit run scale-knobs names=[flash,pro]")'''),
+    Key(4, r"""
+Shard Pro with FSDP over 32 nodes of 8 GPUs (Report §3's recipe: fp32 master weights, fp32 gradients, AdamW with
+two fp32 moments per parameter). How many GiB per GPU do the weights, gradients and optimiser state take together?
+Count the parameters with `count_parameters`, then compare with the first three rows of
+`plan.plan_table("pro", nodes=32, fsdp=True)`. Give GiB (2³⁰ bytes) to 2 decimals, correctly rounded.""", r"""
+`count_parameters` gives Pro $P = 1\,021\,248\,099\,840$ parameters. Every parameter keeps its fp32 master weight,
+its fp32 gradient and AdamW's two fp32 moments, $4 + 4 + 2 \cdot 4 = 16$ bytes, and FSDP shards all of it over the
+$W = 32 \cdot 8 = 256$ GPUs (the bf16 compute copy exists only while a unit is gathered; the planner counts that in
+its own row):
+
+$$\frac{16 P}{W} = \frac{16 \cdot 1\,021\,248\,099\,840}{256} = 63\,828\,006\,240 \text{ B}
+= \frac{63\,828\,006\,240}{2^{30}} \text{ GiB} = 59.444\ldots \approx 59.44 \text{ GiB}.$$
+
+AdamW's 0-d `step` adds 4 bytes per tensor, $4 \cdot 693 / 256 \approx 11$ bytes per GPU: nothing at this precision.
+The planner's rows read $14.86 + 14.86 + 29.72$. Storing a bf16 copy beside the fp32 master ($18P/W = 66.88$ GiB)
+or answering in decimal gigabytes ($63.83$ GB) is rejected. Sharding over 256 GPUs does not make Pro fit: the
+gathered units (one fp32 MoE layer of 384 experts computing, the next prefetched) take another 230 GiB.""", '''
+from mimo_kit.infra import plan
+from mimo_kit.model import count_parameters
+
+P = count_parameters(MiMoConfig.preset("pro"))["total"]
+world = 32 * 8
+per_param = 4 + 4 + 2 * 4  # fp32 master weight, fp32 gradient, AdamW's two fp32 moments
+answer_4 = per_param * P / world / 2**30
+print(f"P = {P:,}; {per_param} B x P / {world} GPUs = {per_param * P // world:,} B = {answer_4:.4f} GiB")
+rows = plan.plan_table("pro", nodes=32, gpus_per_node=8, fsdp=True)
+print({r["item"]: r["GiB per GPU"] for r in rows[:3]})''', '''
+assert exercise("ch01", 4).accepts(answer_4)
+assert exercise("ch01", 4).accepts(round(answer_4, 2))
+assert not exercise("ch01", 4).accepts(round((2 + per_param) * P / world / 2**30, 2))  # a bf16 copy stored too
+assert not exercise("ch01", 4).accepts(round(per_param * P / world / 1e9, 2))  # decimal GB'''),
+    Key(5, r"""
+How many times more parameters does Pro hold than Flash in total, and how many times more does one token use
+(active)? Compute both ratios with `count_parameters` (not from the headline 1.02T / 310B and 42B / 15B) and give
+the pair, each to 2 decimals, correctly rounded.""", r"""
+`count_parameters` counts Flash at $308\,778\,768\,832$ total / $15\,445\,924\,288$ active parameters and Pro at
+$1\,021\,248\,099\,840$ / $41\,894\,893\,056$:
+
+$$\frac{1\,021\,248\,099\,840}{308\,778\,768\,832} = 3.3074 \approx 3.31, \qquad
+\frac{41\,894\,893\,056}{15\,445\,924\,288} = 2.7124 \approx 2.71 .$$
+
+Pro grows in total faster than in what a token touches: it has 384 experts per MoE layer to Flash's 256 but still
+routes each token to 8, so it is the sparser model ($4.1\%$ of its parameters active, against Flash's $5.0\%$).
+The headline numbers give $(3.29, 2.80)$, and the pair swapped is $(2.71, 3.31)$: both are rejected.""", '''
+from mimo_kit.model import count_parameters
+
+flash_n, pro_n = count_parameters(MiMoConfig.preset("flash")), count_parameters(MiMoConfig.preset("pro"))
+answer_5 = [pro_n["total"] / flash_n["total"], pro_n["active"] / flash_n["active"]]
+print(f"total {pro_n['total']:,} / {flash_n['total']:,}; active {pro_n['active']:,} / {flash_n['active']:,}")
+print("ratios:", answer_5)
+shares = pro_n["active"] / pro_n["total"], flash_n["active"] / flash_n["total"]
+print(f"active shares: Pro {shares[0]:.4f}, Flash {shares[1]:.4f}")''',
+        '''
+assert exercise("ch01", 5).accepts(answer_5)
+assert exercise("ch01", 5).accepts([3.31, 2.71])
+assert exercise("ch01", 5).accepts((3.31, 2.71))  # a tuple is the same answer
+assert not exercise("ch01", 5).accepts([round(1.02e12 / 310e9, 2), round(42 / 15, 2)])  # the headline numbers
+assert not exercise("ch01", 5).accepts(answer_5[::-1])  # the pair swapped'''),
 ])
 
 CH02A = Chapter("ch02a_architecture", "ch02a", "Chapter 2 · Architecture", SETUP + '''

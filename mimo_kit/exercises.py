@@ -322,7 +322,7 @@ _ALL = [
              tol=(0, 1)),
     Exercise("ch01", 3, "a `mimo-kit run …` line, compared as the job it runs", normalise=_run_target),
     Exercise("ch01", 4, "GiB per GPU to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch01", 5, "(total ratio, active ratio), each to 2 decimals (or more, correctly rounded)", decimals=2),
+    Exercise("ch01", 5, "two ratios [total, active], each to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 1, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 2, "billions to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 3, "an integer number of tokens"),

@@ -20,4 +20,14 @@ def solution(n: int):
         from mimo_kit.intro.experiments import ScaleKnobsConfig
 
         return shell_command("scale-knobs", ScaleKnobsConfig.preset("tiny", names=("pro",)))
-    raise ValueError(f"chapter 1 has exercises 1-3, not {n!r}")
+    if n == 4:  # Pro under FSDP on 32 nodes x 8 GPUs, bf16 recipe, AdamW: weights + gradients + optimiser state, GiB
+        from mimo_kit.infra.plan import PlanConfig, plan_memory
+
+        plan = plan_memory(PlanConfig.preset("pro", nodes=32, gpus_per_node=8, fsdp=True))
+        return (plan.weights + plan.gradients + plan.optimizer) / 2**30
+    if n == 5:  # Pro / Flash: total parameters and active parameters, from count_parameters
+        from mimo_kit.model import count_parameters
+
+        flash, pro = count_parameters(MiMoConfig.preset("flash")), count_parameters(MiMoConfig.preset("pro"))
+        return [pro["total"] / flash["total"], pro["active"] / flash["active"]]
+    raise ValueError(f"chapter 1 has exercises 1-5, not {n!r}")
