@@ -306,7 +306,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           model_path=str(Path(args.model).absolute()) if args.model else None, seed=args.seed,
           api_key=os.environ.get("SGLANG_API_KEY") if args.api_key == "env" else args.api_key,
           admin_api_key=(os.environ.get("SGLANG_ADMIN_API_KEY") if args.admin_api_key == "env"
-                         else args.admin_api_key))
+                         else args.admin_api_key), prefix_cache_bytes=int(args.prefix_cache_mib * 2**20))
     return 0
 
 
@@ -418,6 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "server's policy has the run's shape whatever its overrides")
     sv.add_argument("--vocab-size", type=int, default=40, help="vocabulary of --random-kit (default 40)")
     sv.add_argument("--seed", type=int, default=0, help="weights of --random-kit and the sampling stream")
+    sv.add_argument("--prefix-cache-mib", type=float, default=0.0, help="keep finished requests' KV (this many MiB, "
+                    "host memory) and prefill a prompt that extends one over its suffix only (default 0: off)")
     sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1; other addresses need --allow-remote")
     sv.add_argument("--port", type=int, default=30000, help="default 30000 (SGLang's)")
     sv.add_argument("--allow-remote", action="store_true", help="bind a non-loopback address (set an API key)")

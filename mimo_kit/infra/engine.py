@@ -28,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from mimo_kit.infra.prefix_cache import PrefixCache
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.fast_decode import StaticKVCache, decode_step
 from mimo_kit.model.generate import sample_next
@@ -123,9 +124,17 @@ class InProcessEngine:
     :mod:`mimo_kit.model.fast_decode`; requests that capture routing (R3) and transformers models keep the general
     forward, batched by equal prompt length. ``seed`` fixes the sampling stream; :meth:`rng_state` /
     :meth:`set_rng_state` carry it across a checkpoint so a resumed run draws the same tokens.
+
+    ``prefix_cache_bytes`` > 0 keeps each finished request's KV in a :class:`~mimo_kit.infra.prefix_cache.
+    PrefixCache` of that many bytes, parked in host memory, and prefills a later prompt that extends a stored one
+    over its suffix only (Report §6; kit decoder, fast path). Off by default: a run resumed from a checkpoint
+    starts with an empty store, and a prefill over a stored prefix rounds differently from a whole one (~1e-7 in
+    the logits), so bit-exact resume holds with it off. :attr:`prefill_tokens` counts the tokens prefilled and
+    :attr:`kv_peak_bytes` the most KV the engine held at once (the decode batch's cache and the store).
     """
 
-    def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0):
+    def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0,
+                 prefix_cache_bytes: int = 0):
         self.model = copy.deepcopy(model) if copy_weights else model
         self.model.eval()
         for p in self.model.parameters():
@@ -138,6 +147,10 @@ class InProcessEngine:
         self._abort = threading.Event()
         self._on_step: Callable[[], None] | None = None
         self.tokens_generated = 0  # decode steps × live rows since construction (progress, for callers)
+        self.prefill_tokens = 0  # prompt tokens run through the model (a prefix-cache hit spares its prefix)
+        self.kv_peak_bytes = 0  # the most KV held at once: the decode batch's cache + the prefix store
+        self.prefix_cache = (PrefixCache(prefix_cache_bytes, park="cpu")
+                             if prefix_cache_bytes > 0 and self.is_kit else None)
 
     # ---- weights and control ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -150,6 +163,8 @@ class InProcessEngine:
             raise ValueError(f"update_weights: state dict does not fit the engine's model (missing "
                              f"{list(missing)[:5]}, unexpected {list(unexpected)[:5]})")
         self.policy_version = int(version)
+        if self.prefix_cache is not None:  # the stored KV is the old weights'
+            self.prefix_cache.clear()
 
     def abort(self) -> None:
         """Cut all in-flight requests at the next decode step (callable from another thread)."""
@@ -166,21 +181,27 @@ class InProcessEngine:
         self.generator.set_state(state)
 
     # ---- forward passes ---------------------------------------------------------------------------------
-    def _forward(self, ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+    def _forward(self, ids: torch.Tensor, cache: Any, prefixes: list | None = None) -> tuple[torch.Tensor, Any]:
         """ids [B, L] continuing ``cache`` → (last-position logits [B, V] in fp32 on the CPU, cache).
 
         The model runs on its device; the next token is sampled on the CPU with the engine's CPU generator, so a
         seed draws the same tokens on every device (one [B, V] copy per step).
 
         On a :class:`StaticKVCache` (the kit's fast path) the first call prefills ``ids``, a list of prompts of
-        any lengths; later calls decode ids [B, 1]."""
+        any lengths (``prefixes``: a stored KV per row, or None); later calls decode ids [B, 1]."""
         if isinstance(cache, StaticKVCache):
             if cache.span == 0:
-                return cache.prefill(self.model, ids).float().cpu(), cache
+                logits = cache.prefill(self.model, ids, prefixes).float().cpu()
+                self.prefill_tokens += cache.prefilled
+                return logits, cache
             return decode_step(self.model, ids[:, 0].to(self.device), cache).float().cpu(), cache
         ids = ids.to(self.device)
         if self.is_kit:
+            if cache.seq_len == 0:
+                self.prefill_tokens += ids.numel()
             return self.model(ids, cache, logits_to_keep=1).logits[:, -1].float().cpu(), cache
+        if cache is None:
+            self.prefill_tokens += ids.numel()
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float().cpu(), out.past_key_values
 
@@ -240,7 +261,10 @@ class InProcessEngine:
             if fast:
                 cache = StaticKVCache(self.model.config, B, max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens,
                                       dtype=next(self.model.parameters()).dtype, device=self.device)
-                logits, cache = self._forward([r.prompt_ids for r in reqs], cache)
+                store = self.prefix_cache
+                prefixes = None if store is None else [store.lookup(r.prompt_ids) for r in reqs]
+                logits, cache = self._forward([r.prompt_ids for r in reqs], cache, prefixes)
+                self.kv_peak_bytes = max(self.kv_peak_bytes, cache.nbytes() + (store.nbytes if store else 0))
             else:
                 logits, cache = self._forward(ids, self._new_cache())
             for _step in range(r0.max_new_tokens):
@@ -267,6 +291,10 @@ class InProcessEngine:
                     for b in (~done).nonzero()[:, 0].tolist():
                         reasons[b] = "abort"
                     done[:] = True
+                if fast and self.prefix_cache is not None:  # a finished row's KV: prompt + tokens fed so far
+                    for b in (done & ~was_done).nonzero()[:, 0].tolist():
+                        self.prefix_cache.insert(list(reqs[b].prompt_ids) + tokens[b][:-1], cache.export_row(b))
+                    self.kv_peak_bytes = max(self.kv_peak_bytes, cache.nbytes() + self.prefix_cache.nbytes)
                 # feed this step's tokens (rows finished earlier get pad): R3 needs the routing of every input
                 # position, the last sampled token included, so with routing one extra forward follows the end
                 feed = torch.where(was_done, torch.full_like(tok, self.pad_id), tok)

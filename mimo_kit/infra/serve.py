@@ -126,8 +126,8 @@ class _RecordingEngine(InProcessEngine):
             o.step_logits = [self.step_logits[s][b] for s in range(len(o.token_ids))]  # [n][V]
         return outs
 
-    def _forward(self, ids, cache):
-        logits, cache = super()._forward(ids, cache)
+    def _forward(self, ids, cache, prefixes=None):
+        logits, cache = super()._forward(ids, cache, prefixes)
         self.step_logits.append(logits)
         return logits, cache
 
@@ -150,8 +150,9 @@ class KitServer:
     admin_api_key: str | None = None
     weight_session = False  # between /begin_weight_update and /end_weight_update
 
-    def __init__(self, model: torch.nn.Module, *, model_path: str | None = None, seed: int = 0):
-        self.engine = _RecordingEngine(model, seed=seed, copy_weights=False)
+    def __init__(self, model: torch.nn.Module, *, model_path: str | None = None, seed: int = 0,
+                 prefix_cache_bytes: int = 0):
+        self.engine = _RecordingEngine(model, seed=seed, copy_weights=False, prefix_cache_bytes=prefix_cache_bytes)
         self.model_path = model_path
         self.vocab_size = int(self.engine.model.get_output_embeddings().weight.shape[0]) if not self.engine.is_kit \
             else self.engine.model.config.vocab_size
@@ -608,12 +609,13 @@ def build_app(server: KitServer):
 
 def serve(model: torch.nn.Module, *, host: str = "127.0.0.1", port: int = 30000, allow_remote: bool = False,
           model_path: str | None = None, seed: int = 0, api_key: str | None = None,
-          admin_api_key: str | None = None) -> None:
-    """Run the server until interrupted (blocking)."""
+          admin_api_key: str | None = None, prefix_cache_bytes: int = 0) -> None:
+    """Run the server until interrupted (blocking); ``prefix_cache_bytes`` > 0: the engine keeps each finished
+    request's KV and prefills a prompt that extends one over its suffix only (:mod:`mimo_kit.infra.prefix_cache`)."""
     from aiohttp import web
 
     check_host(host, allow_remote)
-    server = KitServer(model, model_path=model_path, seed=seed)
+    server = KitServer(model, model_path=model_path, seed=seed, prefix_cache_bytes=prefix_cache_bytes)
     server.api_key, server.admin_api_key = api_key or None, admin_api_key or None
     app = build_app(server)
     print(f"mimo-kit serve: http://{host}:{port} (SGLang native API subset)", flush=True)

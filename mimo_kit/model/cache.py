@@ -98,6 +98,15 @@ class LayerCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.k, self.v) if t is not None)
 
+    def clone(self) -> LayerCache:
+        """An independent copy holding the same positions (a GA buffer trimmed to what it holds)."""
+        other = LayerCache(self.window)
+        other.capacity, other.seen = self.capacity, self.seen
+        if self.k is not None:
+            n = self.seen if self.capacity is None else self.k.shape[2]
+            other.k, other.v = self.k[:, :, :n].clone(), self.v[:, :, :n].clone()
+        return other
+
 
 class KVCache:
     """One :class:`LayerCache` per decoder layer; ``seq_len`` is the number of tokens already processed."""
@@ -116,3 +125,20 @@ class KVCache:
     def nbytes(self) -> int:
         """Bytes allocated for keys and values, all layers."""
         return sum(layer.nbytes() for layer in self.layers)
+
+    def clone(self) -> KVCache:
+        """An independent copy (a prefix cache hands out clones, so a continuation never writes into its entry)."""
+        other = KVCache.__new__(KVCache)
+        other.layers = [layer.clone() for layer in self.layers]
+        return other
+
+    def to(self, device: torch.device | str, *, pin: bool = False) -> KVCache:
+        """The cache on ``device`` (a copy unless it is there already); ``pin`` pins host memory (a CUDA engine
+        parks a waiting episode's KV there and brings it back asynchronously)."""
+        for layer in self.layers:
+            for name in ("k", "v"):
+                t = getattr(layer, name)
+                if t is not None:
+                    t = t.to(device)
+                    setattr(layer, name, t.pin_memory() if pin and t.device.type == "cpu" else t)
+        return self

@@ -84,13 +84,19 @@ class StaticKVCache:
 
     # ---- prefill ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def prefill(self, model: MiMoForCausalLM, prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+    def prefill(self, model: MiMoForCausalLM, prompts: Sequence[Sequence[int]],
+                prefixes: Sequence[KVCache | None] | None = None) -> torch.Tensor:
         """Run every prompt through ``model`` and store its keys in its row → last-position logits [B, V].
 
-        Rows with identical prompts share one forward; distinct prompts of equal length share a batched one."""
+        Rows with identical prompts share one forward; distinct prompts of equal length share a batched one.
+        ``prefixes[b]``, when given, is a :class:`KVCache` holding the first ``seq_len`` tokens of prompt ``b``
+        (a prefix cache's hit): only the suffix is run, on a clone of it (Report §6, suffix-only prefill).
+        :attr:`prefilled` counts the tokens this call ran through the model."""
         cfg = self.config
         if len(prompts) != self.batch:
             raise ValueError(f"prefill: {len(prompts)} prompts for a cache of batch {self.batch}")
+        if prefixes is not None and len(prefixes) != self.batch:
+            raise ValueError(f"prefill: {len(prefixes)} prefixes for a cache of batch {self.batch}")
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for b, p in enumerate(prompts):
             p = tuple(int(t) for t in p)
@@ -103,11 +109,31 @@ class StaticKVCache:
             if bad:
                 raise ValueError(f"prefill: prompt {b} holds token id {bad[0]}; expected 0..{cfg.vocab_size - 1}")
             rows_of.setdefault(p, []).append(b)
-        by_len: dict[int, list[tuple[int, ...]]] = {}
-        for p in rows_of:
-            by_len.setdefault(len(p), []).append(p)
         device = self.lengths.device
         logits = None
+        self.prefilled = 0
+        cached: dict[tuple[int, ...], KVCache] = {}  # prompt → the prefix its rows continue
+        for p, rows in rows_of.items():
+            hit = None if prefixes is None else prefixes[rows[0]]
+            if hit is not None:
+                if not 0 < hit.seq_len < len(p):
+                    raise ValueError(f"prefill: the prefix of prompt {rows[0]} holds {hit.seq_len} tokens; expected "
+                                     f"1..{len(p) - 1} (a suffix must remain to give the next token's logits)")
+                cached[p] = hit
+        for p, hit in cached.items():  # one forward per distinct prompt: its suffix only, on a clone of the prefix
+            kv = hit.clone().to(device)
+            ids = torch.tensor([p[hit.seq_len:]], dtype=torch.long, device=device)
+            out = model(ids, kv, logits_to_keep=1).logits[:, -1]  # [1, V]
+            if logits is None:
+                logits = out.new_empty(self.batch, out.shape[-1])
+            rows = torch.tensor(rows_of[p], device=device)
+            logits[rows] = out[0]
+            self._store(kv, 0, rows, len(p))
+            self.prefilled += len(p) - hit.seq_len
+        by_len: dict[int, list[tuple[int, ...]]] = {}
+        for p in rows_of:
+            if p not in cached:
+                by_len.setdefault(len(p), []).append(p)
         for T, group in by_len.items():
             kv = KVCache(cfg)
             ids = torch.tensor(group, dtype=torch.long, device=device)  # [n, T]
@@ -118,9 +144,29 @@ class StaticKVCache:
                 rows = torch.tensor(rows_of[p], device=device)
                 logits[rows] = out[j]
                 self._store(kv, j, rows, T)
+            self.prefilled += T * len(group)
         self.lengths.copy_(torch.tensor([len(p) for p in prompts]))
         self.span = max(len(p) for p in prompts)
         return logits
+
+    def export_row(self, b: int) -> KVCache:
+        """Row ``b``'s keys and values as a :class:`KVCache` of its ``lengths[b]`` positions (GA: every position;
+        SWA: the last ``window − 1``), on this cache's device: what a prefix cache keeps of a finished turn."""
+        L = int(self.lengths[b])
+        kv = KVCache(self.config)
+        for i, layer in enumerate(kv.layers):
+            layer.seen = L
+            if self.layer_types[i] == FULL:
+                layer.k, layer.v = self.k[i][b:b + 1, :, :L].clone(), self.v[i][b:b + 1, :, :L].clone()
+            elif layer.capacity > 0:
+                n = min(L, layer.capacity)
+                src = torch.arange(L - n, L, device=self.k[i].device)
+                k = self.k[i].new_zeros(1, self.k[i].shape[1], layer.capacity, self.k[i].shape[3])
+                v = self.v[i].new_zeros(1, self.v[i].shape[1], layer.capacity, self.v[i].shape[3])
+                k[:, :, src % layer.capacity] = self.k[i][b:b + 1, :, src % self.ring]
+                v[:, :, src % layer.capacity] = self.v[i][b:b + 1, :, src % self.ring]
+                layer.k, layer.v = k, v
+        return kv
 
     def _store(self, kv: KVCache, j: int, rows: torch.Tensor, T: int) -> None:
         """Copy row ``j`` of a forward's cache (T positions) into ``rows`` of this one."""

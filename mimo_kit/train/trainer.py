@@ -268,6 +268,10 @@ class RLConfig(Config):
                      "private loopback head when Ray is not initialised)")
     pool_actors: int = knob(2, "the harness pool's hosts, each keeping many episodes and their tool threads: two, one "
                             "per core of a laptop (the report does not publish its pool's size)", min=1)
+    prefix_cache_mib: float = knob(0.0, "per in-process engine: MiB of finished turns' KV kept in host memory, so a "
+                                   "turn prefills only its new suffix (Report §6 persistent context KV); 0 = off, "
+                                   "since a resumed run starts with an empty store and a suffix prefill rounds "
+                                   "differently (~1e-7), which bit-exact resume forbids", min=0.0)
     engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
                                    "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
@@ -982,9 +986,11 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
         eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
         return eng
     if not uses_fsdp(d, cfg.fsdp):
-        return InProcessEngine(model, seed=cfg.seed + i, pad_id=world.pad_id if cfg.student.model else 0)
+        return InProcessEngine(model, seed=cfg.seed + i, pad_id=world.pad_id if cfg.student.model else 0,
+                               prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
     full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
-    return InProcessEngine(full, seed=cfg.seed + i, copy_weights=False)
+    return InProcessEngine(full, seed=cfg.seed + i, copy_weights=False,
+                           prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
 
 
 def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
