@@ -739,6 +739,89 @@ answer_2 = f"{k + 1}:{task.reference[k]}"
 print("by hand:", answer_2, " tool:", repr(ToyEpisode(task).step("R")))''', '''
 assert exercise("ch05a", 2).accepts(answer_2)
 assert not exercise("ch05a", 2).accepts(f"{k + 1}:{task.buggy[k]}")  # the buggy line, not the expected one'''),
+    Key(3, r"""
+A claim holds only if an exact one-sided sign test gives p ≤ 0.05 (`nb.claim_paired`). With 8 seeds, at least how
+many must point the report's way? (an integer)""", r"""
+With no direction each seed points the report's way with probability $\frac12$, so the number $K$ that agree out
+of $n = 8$ is $\mathrm{Binomial}(8, \frac12)$, and $k$ agreeing seeds give $p = P(K \ge k) = \sum_{j \ge k}
+\binom{8}{j} / 2^8$:
+
+$$k = 8:\ \tfrac{1}{256} = 0.0039, \qquad k = 7:\ \tfrac{8 + 1}{256} = 0.0352 \le 0.05, \qquad
+k = 6:\ \tfrac{28 + 8 + 1}{256} = 0.1445 > 0.05 .$$
+
+So 7 of 8 seeds. The sign test is necessary, not sufficient: the 95% t interval of the mean difference must lie
+above zero too. Three quarters of the seeds (6 of 8) is the typical mistake.""", '''
+from math import comb
+
+n = 8
+p_sign = {k: sum(comb(n, j) for j in range(k, n + 1)) / 2**n for k in range(n + 1)}
+for k in range(5, n + 1):
+    print(f"{k} of {n}: p = {p_sign[k]:.4f}")
+answer_3 = min(k for k, p in p_sign.items() if p <= 0.05)
+print(answer_3)''', '''
+assert exercise("ch05a", 3).accepts(answer_3)
+assert not exercise("ch05a", 3).accepts(6)  # three quarters of the seeds'''),
+    Key(4, r"""
+Five seeds give the per-seed differences 0.01, 0.08, 0.02, 0.01, 0.03 (all in the report's direction). What is the
+lower end of the 95% t interval of their mean? Give 4 decimals (correctly rounded). Does the claim hold?""", r"""
+The mean is $\bar d = 0.15 / 5 = 0.03$; the deviations $-0.02, 0.05, -0.01, -0.02, 0$ give the sample variance
+$s^2 = (4 + 25 + 1 + 4 + 0) \cdot 10^{-4} / 4 = 8.5 \cdot 10^{-4}$, so $s = 0.029155$ and the standard error is
+$s / \sqrt5 = 0.013038$. With $5 - 1 = 4$ degrees of freedom $t_{0.975} = 2.7764$:
+
+$$\bar d - t_{0.975} \frac{s}{\sqrt5} = 0.03 - 2.7764 \cdot 0.013038 = 0.03 - 0.036200 = -0.006200 \approx -0.0062 .$$
+
+The claim is *not shown at toy scale*: all 5 seeds agree (sign test $p = 1/32 \le 0.05$), but one large
+difference (0.08) spreads the seeds and the interval reaches below zero. The normal quantile 1.96 in place of $t$
+gives $+0.0044$ and a claim that "holds": with 5 seeds the t interval is 42% wider, the typical mistake.""", '''
+import math
+
+from scipy import stats
+
+d = [0.01, 0.08, 0.02, 0.01, 0.03]
+n = len(d)
+mean = sum(d) / n
+s = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+se = s / math.sqrt(n)
+t = stats.t.ppf(0.975, n - 1)
+low = mean - t * se
+print(f"mean {mean:.4f}  s {s:.6f}  se {se:.6f}  t {t:.4f}  interval [{low:.6f}, {mean + t * se:.6f}]")
+answer_4 = round(low, 4)
+print(answer_4)''', '''
+assert exercise("ch05a", 4).accepts(answer_4)
+assert exercise("ch05a", 4).accepts(low)  # unrounded
+assert not exercise("ch05a", 4).accepts(round(mean - 1.96 * se, 4))  # the normal quantile instead of t'''),
+    Key(5, r"""
+One MoE layer's 8 experts received 40, 30, 10, 2, 0, 20, 50 and 8 tokens of the probe. What are its load CV
+(population std / mean) and its share of cold experts (below 10% of the mean load)? Give `[CV, cold share]`, the CV
+to 3 decimals (correctly rounded), the share exact.""", r"""
+The layer routed $160$ tokens to 8 experts: the mean load is $20$. The deviations $20, 10, -10, -18, -20, 0, 30,
+-12$ square to $400 + 100 + 100 + 324 + 400 + 0 + 900 + 144 = 2368$; the population variance is $2368 / 8 = 296$ and
+
+$$\mathrm{CV} = \frac{\sqrt{296}}{20} = \frac{17.205}{20} = 0.8602 \approx 0.860 .$$
+
+An expert is cold below $0.1 \cdot 20 = 2$ tokens: only the one with 0 (the expert with exactly 2 is not below 2),
+so the cold share is $1/8 = 0.125$. The answer is $[0.860, 0.125]$. The sample std ($\div 7$: CV $0.920$) and counting
+the 2-token expert as cold ($0.25$) are rejected.""", '''
+import torch
+
+from mimo_kit.model.moe import load_metrics
+
+counts = [40, 30, 10, 2, 0, 20, 50, 8]
+mean = sum(counts) / len(counts)
+var = sum((c - mean) ** 2 for c in counts) / len(counts)  # population variance
+cv = var**0.5 / mean
+cold = sum(c < 0.1 * mean for c in counts) / len(counts)
+print(f"mean {mean}  variance {var}  CV {cv:.6f}  cold {cold}")
+kit = load_metrics(torch.tensor([counts]))
+print("load_metrics:", {k: round(float(v[0]), 6) for k, v in kit.items()})
+assert abs(float(kit["cv"][0]) - cv) < 1e-6 and float(kit["cold_share"][0]) == cold
+answer_5 = [round(cv, 3), cold]
+print(answer_5)''', '''
+assert exercise("ch05a", 5).accepts(answer_5)
+assert exercise("ch05a", 5).accepts([cv, cold])  # unrounded
+sample_cv = (sum((c - mean) ** 2 for c in counts) / (len(counts) - 1)) ** 0.5 / mean
+assert not exercise("ch05a", 5).accepts([round(sample_cv, 3), cold])  # the sample std
+assert not exercise("ch05a", 5).accepts([round(cv, 3), 0.25])  # the 2-token expert counted cold'''),
 ])
 
 CH05B = Chapter("ch05b_mopd2", "ch05b", "Chapter 5b · MOPD²", '''
