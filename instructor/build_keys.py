@@ -475,6 +475,58 @@ for line in ["+3", "*2", "-1"]:
 answer_2 = x''', '''
 assert exercise("ch04a", 2).accepts(answer_2)
 assert not exercise("ch04a", 2).accepts(4 + 3 * 2 - 1)  # operator precedence'''),
+    Key(3, r"""
+Dynamic sampling keeps a group only when its rollouts neither all pass nor all fail. At the report's group size of
+16 rollouts and a pass rate of 0.9 (rollouts independent), what share of the groups carries signal? Give 3 decimals
+(a ratio, correctly rounded).""", r"""
+A group of $G$ independent rollouts is dropped when all pass ($p^G$) or all fail ($(1 - p)^G$); the rest keep a
+GRPO signal:
+
+$$q = 1 - p^G - (1 - p)^G = 1 - 0.9^{16} - 0.1^{16} = 1 - 0.185302 - 10^{-16} = 0.814698 \approx 0.815 .$$
+
+At the toy step's group of 8 the same pass rate keeps only $1 - 0.9^8 - 0.1^8 = 0.570$: the larger the group, the
+longer a prompt the policy mostly solves still teaches something. The dropped share ($0.185$) and the toy's group
+size ($0.570$) are the typical mistakes.""", '''
+p, G = 0.9, 16
+all_pass, all_fail = p**G, (1 - p) ** G
+q = 1 - all_pass - all_fail
+print(f"all pass {all_pass:.6f}, all fail {all_fail:.1e}, kept {q:.6f}")
+answer_3 = round(q, 3)
+print(answer_3)''', '''
+assert exercise("ch04a", 3).accepts(answer_3)
+assert exercise("ch04a", 3).accepts(q)  # unrounded
+assert not exercise("ch04a", 3).accepts(round(all_pass, 3))  # the dropped share
+assert not exercise("ch04a", 3).accepts(round(1 - p**8 - (1 - p) ** 8, 3))  # the toy's group of 8'''),
+    Key(4, r"""
+A rollout of a partial-rollout batch generated its first action (12 tokens) under policy version 5; the batch was
+cut, and after the weight update its second action (28 tokens) came under version 6. The batch trains at version 7.
+What is the mean token lag of its generated tokens (`partial.version_lag`)? Give 2 decimals (correctly
+rounded).""", r"""
+Every generated token carries the policy version of its dispatch, and its lag is the training version minus that
+version: the 12 tokens of the first action lag $7 - 5 = 2$, the 28 of the second $7 - 6 = 1$. The mean runs over
+tokens:
+
+$$\overline{\mathrm{lag}} = \frac{12 \cdot 2 + 28 \cdot 1}{12 + 28} = \frac{52}{40} = 1.30 .$$
+
+The maximum lag is 2, inside the report's bound $S = 4$ (a group is dropped only when its oldest token is more than
+$S$ versions behind). Averaging the two actions, $(2 + 1) / 2 = 1.5$, weighs a 12-token action like a 28-token one
+and is rejected.""", '''
+from mimo_kit.infra.partial import version_lag
+from mimo_kit.rl.examples import text_segment
+from mimo_kit.rl.trajectory import Context, Sample, Sequence
+
+tokens, versions, now = [12, 28], [5, 6], 7
+lags = [now - v for v in versions]
+answer_4 = sum(n * lag for n, lag in zip(tokens, lags)) / sum(tokens)
+print("lags", lags, "mean over tokens", answer_4)
+segs = [text_segment("user", "fix"), text_segment("assistant", "a" * 12, version=5), text_segment("tool", "ok"),
+        text_segment("assistant", "b" * 28, version=6)]
+kit = version_lag([Sample("p0", [Sequence([Context(segs)], "r0")])], now)
+print("version_lag:", kit)
+assert kit["lag_mean"] == answer_4''', '''
+assert exercise("ch04a", 4).accepts(answer_4)
+assert exercise("ch04a", 4).accepts(1.3)
+assert not exercise("ch04a", 4).accepts(sum(lags) / len(lags))  # the mean over actions, not tokens'''),
 ])
 
 CH04B = Chapter("ch04b_environments_and_harnesses", "ch04b", "Chapter 4b · Environments, harnesses and group grading",

@@ -11,4 +11,17 @@ def solution(n: int):
         return 1568 * 16 // (16 * 8)
     if n == 2:  # the toy program "+3*2-1" on input 4
         return run_program(["+3", "*2", "-1"], 4)
-    raise ValueError(f"chapter 4a has exercises 1-2, not {n!r}")
+    if n == 3:  # share of groups with signal at the report's group size 16 and pass rate 0.9 (dynamic sampling)
+        from mimo_kit.rl import keep_probability
+
+        return keep_probability(0.9, 16)
+    if n == 4:  # mean token lag at version 7 of a rollout: 12 tokens generated under version 5, then 28 under 6
+        from mimo_kit.infra.partial import version_lag
+        from mimo_kit.rl.examples import text_segment
+        from mimo_kit.rl.trajectory import Context, Sample, Sequence
+
+        segs = [text_segment("user", "fix"), text_segment("assistant", "a" * 12, version=5),
+                text_segment("tool", "ok"), text_segment("assistant", "b" * 28, version=6)]
+        sample = Sample("p0", [Sequence([Context(segs)], "r0")])
+        return version_lag([sample], 7)["lag_mean"]
+    raise ValueError(f"chapter 4a has exercises 1-4, not {n!r}")
