@@ -627,6 +627,59 @@ print(answer_4)''', '''
 assert exercise("ch04b", 4).accepts(answer_4)
 assert exercise("ch04b", 4).accepts(["small-change"])
 assert not exercise("ch04b", 4).accepts(["no-fallback", "small-change"])  # the print is not a fallback'''),
+    Key(5, r"""
+What GRS reward R does the `swallow` rollout get? Give 3 decimals (a correct rounding of the exact value).""", r"""
+`swallow` passes the hidden tests ($R_{\mathrm{test}} = 1$). Its fix wraps the even-length branch in
+`try: … except Exception: return values[mid]`, a broad `except` with a fallback: it fails `no-fallback` and meets
+the other 5 solution items. It reads the file and edits it, but never runs the code or the tests after its edit: it
+fails `verifies` and meets 2 of the 3 behaviour items. The two scores multiply:
+
+$$R = 1 \cdot \frac{5}{6} \cdot \frac{2}{3} = \frac{10}{18} = 0.5\overline{5} \approx 0.556 .$$
+
+Pooling the 9 items into one fraction ($7/9 = 0.778$) is the typical mistake: under the product one miss in each
+rubric costs more than two misses in the same one would under the pool.""", '''
+swallow = next(r for r in group.rollouts if r.id == "swallow")
+met_sol = [i.check(swallow) for i in rubric.solution]
+met_beh = [i.check(swallow) for i in rubric.behaviour]
+for i in rubric.solution + rubric.behaviour:
+    print(f"{i.kind:9s} {i.id:16s} {'met' if i.check(swallow) else 'FAILED'}")
+s_sol, s_beh = sum(met_sol) / len(met_sol), sum(met_beh) / len(met_beh)
+R5 = float(swallow.passed) * s_sol * s_beh
+print(f"S_sol {sum(met_sol)}/{len(met_sol)}  S_beh {sum(met_beh)}/{len(met_beh)}  R {R5}")
+answer_5 = round(R5, 3)''', '''
+assert exercise("ch04b", 5).accepts(answer_5)
+assert exercise("ch04b", 5).accepts(5 / 6 * 2 / 3)  # exact
+assert not exercise("ch04b", 5).accepts(round((sum(met_sol) + sum(met_beh)) / 9, 3))  # items pooled'''),
+    Key(6, r"""
+The `replicate-house` reference program without its grass line (`rect 0 48 64 16 #228b22`): what pixel similarity
+does the grader give it? Give 4 decimals (correctly rounded). Does it pass?""", r"""
+The similarity is $1 - \overline{|a - b|} / 255$, the mean over every RGB value of the $64 \times 64$ canvas.
+Without the grass the rows $y = 48, \dots, 63$ stay sky (`#87ceeb`), and nothing else is drawn there: $64 \cdot 16 =
+1024$ pixels differ from the grass (`#228b22`) by $|\mathtt{22} - \mathtt{87}| + |\mathtt{8b} - \mathtt{ce}| +
+|\mathtt{22} - \mathtt{eb}| = 101 + 67 + 201 = 369$ over their three channels. So
+
+$$1 - \frac{1024 \cdot 369}{64 \cdot 64 \cdot 3 \cdot 255} = 1 - \frac{369}{3060} = 0.87941\ldots \approx 0.8794 ,$$
+
+below the task's threshold of 0.99: it fails. The share of unchanged pixels ($1 - 1024/4096 = 0.75$) ignores how far
+the colours are apart, and $1 - 369/(4 \cdot 255) = 0.638$ forgets that the mean runs over the three channels too.""",
+        '''
+from mimo_kit.envs import visual
+
+sky, grass = (0x87, 0xCE, 0xEB), (0x22, 0x8B, 0x22)
+diff = sum(abs(a - b) for a, b in zip(sky, grass))
+pixels = 64 * 16
+similarity = 1 - pixels * diff / (64 * 64 * 3 * 255)
+print(f"{pixels} pixels differ by {diff} over their channels: similarity {similarity:.6f}")
+house = next(t for t in visual.shipped_visual_tasks() if t.id == "replicate-house")
+graded = visual.grade_drawing(house, house.reference.replace("rect 0 48 64 16 #228b22\\n", ""))
+print("grader:", graded.reason)
+assert abs(graded.score - similarity) < 1e-12 and not graded.passed
+answer_6 = round(similarity, 4)
+print(answer_6)''', '''
+assert exercise("ch04b", 6).accepts(answer_6)
+assert exercise("ch04b", 6).accepts(similarity)  # unrounded
+assert not exercise("ch04b", 6).accepts(1 - pixels / (64 * 64))  # the share of unchanged pixels
+assert not exercise("ch04b", 6).accepts(round(1 - diff / (4 * 255), 4))  # no mean over the channels'''),
 ])
 
 CH04C = Chapter("ch04c_groupwise_grading", "ch04c", "Chapter 4c · Groupwise grading", '''

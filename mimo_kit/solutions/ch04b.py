@@ -34,4 +34,17 @@ def solution(n: int):
         rubric = synthesize_rubric(group)
         sprawl = next(r for r in group.rollouts if r.id == "sprawl")
         return sorted(i.id for i in rubric.solution + rubric.behaviour if not i.check(sprawl))
-    raise ValueError(f"chapter 4b has exercises 1-4, not {n!r}")
+    if n == 5:  # the GRS reward R of the `swallow` rollout of the stats-median demo group
+        from mimo_kit.envs.code import shipped_tasks
+        from mimo_kit.grading import synthesize_rubric
+        from mimo_kit.grading.demo import demo_group
+
+        group = demo_group(next(t for t in shipped_tasks() if t.id == "stats-median"))
+        rubric = synthesize_rubric(group)
+        return float(rubric.reward(next(r for r in group.rollouts if r.id == "swallow")))
+    if n == 6:  # pixel similarity to replicate-house of its reference program without the grass rectangle
+        from mimo_kit.envs import visual
+
+        house = next(t for t in visual.shipped_visual_tasks() if t.id == "replicate-house")
+        return visual.grade_drawing(house, house.reference.replace("rect 0 48 64 16 #228b22\n", "")).score
+    raise ValueError(f"chapter 4b has exercises 1-6, not {n!r}")
