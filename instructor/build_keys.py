@@ -1088,6 +1088,69 @@ answer_3 = 1 / 1 / sum(lengths)
 print(sum(lengths), "tokens ->", answer_3)''', '''
 assert exercise("ch07", 3).accepts(answer_3)
 assert not exercise("ch07", 3).accepts(1 / len(lengths) / lengths[3])  # sequence-mean'''),
+    Key(4, r"""
+The third memory plan (`loss=logits`) keeps three fp32 tensors of shape [B, T, V] alive at the start of backward:
+the logits, the log-softmax the loss saves and its gradient. How many GiB do they take for Qwen3.5-9B
+(V = 248,320) at B = 1 and half the recipe's length, T = 16,384? Give 2 decimals, correctly rounded.""", r"""
+$N = B \cdot T = 16\,384$ tokens, each with $V = 248\,320$ fp32 values (4 bytes), in three tensors:
+
+$$3 \cdot 4 \cdot 16\,384 \cdot 248\,320 = 48\,821\,698\,560 \text{ B}, \qquad
+\frac{48\,821\,698\,560}{2^{30}} = 45.46875 \approx 45.47 \text{ GiB},$$
+
+half the plan's 90.94 GiB at 32K: the logits grow linearly with the sequence, which is why distill-sft trains
+through TRL's chunked LM head (~5 GiB at 32K). One buffer only ($15.16$) and decimal gigabytes ($48.82$) are
+rejected.""", '''
+from mimo_kit.infra.plan import PlanConfig, plan_memory
+
+B, T, V = 1, 16384, 248320
+logits_bytes = 3 * 4 * B * T * V
+print(f"{logits_bytes:,} B = {logits_bytes / 2**30} GiB")
+plan = plan_memory(PlanConfig(model="qwen3.5-9b", seq_len=T, micro_batch=B, loss="logits"))
+print("the plan's row:", plan.notes["logits"], plan.logits / 2**30)
+assert plan.logits == logits_bytes
+answer_4 = round(logits_bytes / 2**30, 2)
+print(answer_4)''', '''
+assert exercise("ch07", 4).accepts(answer_4)
+assert exercise("ch07", 4).accepts(logits_bytes / 2**30)  # exact
+assert not exercise("ch07", 4).accepts(round(logits_bytes / 3 / 2**30, 2))  # one buffer
+assert not exercise("ch07", 4).accepts(round(logits_bytes / 1e9, 2))  # decimal GB'''),
+    Key(5, r"""
+LoRA (`lora=true`) at the kit's rank r = 8 adapts, in each of Qwen3.5-9B's 8 full-attention layers, `q_proj`
+(4096 → 8192), `k_proj` and `v_proj` (4096 → 1024 each) and `o_proj` (4096 → 4096), and in each of its 24 Gated
+DeltaNet layers `in_proj_qkv` (4096 → 8192), `in_proj_z` (4096 → 4096) and `out_proj` (4096 → 4096). An adapted
+linear [in → out] gets A [r, in] and B [out, r]. How many adapter parameters does it train? Give millions to 3
+decimals (correctly rounded).""", r"""
+An adapted linear gains $r \cdot (\mathrm{in} + \mathrm{out})$ parameters. A full-attention layer:
+
+$$8 \cdot [(4096 + 8192) + 2 \cdot (4096 + 1024) + (4096 + 4096)] = 8 \cdot 30\,720 = 245\,760,
+\quad \times 8 \text{ layers} = 1\,966\,080 .$$
+
+A Gated DeltaNet layer:
+
+$$8 \cdot [(4096 + 8192) + 2 \cdot (4096 + 4096)] = 8 \cdot 28\,672 = 229\,376, \quad \times 24 \text{ layers} =
+5\,505\,024 .$$
+
+In all $1\,966\,080 + 5\,505\,024 = 7\,471\,104 \approx 7.471$ million adapter parameters, 0.083% of the 8.95B the
+full fine-tune trains. Counting only the A matrices ($r \cdot \mathrm{in}$: $3.408$M) or giving all 32 layers the
+full-attention linears ($32 \cdot 245\,760$: $7.864$M) is rejected.""", '''
+from mimo_kit.infra.plan import PlanConfig, plan_memory
+
+r = 8
+full_attention = [(4096, 8192), (4096, 1024), (4096, 1024), (4096, 4096)]  # q, k, v, o
+deltanet = [(4096, 8192), (4096, 4096), (4096, 4096)]  # in_proj_qkv, in_proj_z, out_proj
+per_full = sum(r * (i + o) for i, o in full_attention)
+per_delta = sum(r * (i + o) for i, o in deltanet)
+adapters = 8 * per_full + 24 * per_delta
+print(f"full attention {per_full:,} x 8, Gated DeltaNet {per_delta:,} x 24: {adapters:,}")
+print(f"share of the parameters: {adapters / qwen35_9b_parameters()['text']:.5%}")
+assert plan_memory(PlanConfig(model="qwen3.5-9b", lora=True, lora_rank=r)).trainable == adapters
+answer_5 = round(adapters / 1e6, 3)
+print(answer_5, "M")''', '''
+assert exercise("ch07", 5).accepts(answer_5)
+assert exercise("ch07", 5).accepts(adapters / 1e6)  # unrounded
+only_a = 8 * sum(r * i for i, _ in full_attention) + 24 * sum(r * i for i, _ in deltanet)
+assert not exercise("ch07", 5).accepts(round(only_a / 1e6, 3))  # the A matrices only
+assert not exercise("ch07", 5).accepts(round(32 * per_full / 1e6, 3))  # every layer as full attention'''),
 ])
 
 CHAPTERS = [CH01, CH02A, CH02B, CH02C, CH03, CH04A, CH04B, CH04C, CH05A, CH05B, CH06, CH07]

@@ -376,7 +376,7 @@ _ALL = [
     Exercise("ch07", 2, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch07", 3, "a weight to 5 decimals (or more, correctly rounded)", decimals=5),
     Exercise("ch07", 4, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch07", 5, "an integer number of parameters"),
+    Exercise("ch07", 5, "millions of parameters to 3 decimals (or more, correctly rounded)", decimals=3),
 ]
 
 #: (chapter, number) → exercise, for every chapter notebook's exercises.

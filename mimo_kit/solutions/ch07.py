@@ -20,4 +20,12 @@ def solution(n: int):
         lengths = torch.tensor([10, 10, 20, 40])
         mask = torch.arange(40)[None, :] < lengths[:, None]  # [4, 40]
         return float(token_weights(mask, torch.zeros(4, dtype=torch.long), "prompt-mean")[3, 0])
-    raise ValueError(f"chapter 7 has exercises 1-3, not {n!r}")
+    if n == 4:  # GiB of the full fp32 logits (loss=logits: 3 buffers) for Qwen3.5-9B at 1 × 16,384 tokens
+        from mimo_kit.infra.plan import PlanConfig, plan_memory
+
+        return plan_memory(PlanConfig(model="qwen3.5-9b", seq_len=16384, micro_batch=1, loss="logits")).logits / 2**30
+    if n == 5:  # LoRA adapter parameters of Qwen3.5-9B at the kit's rank 8 on the kit's target linears, in millions
+        from mimo_kit.infra.plan import PlanConfig, plan_memory
+
+        return plan_memory(PlanConfig(model="qwen3.5-9b", lora=True, lora_rank=8)).trainable / 1e6
+    raise ValueError(f"chapter 7 has exercises 1-5, not {n!r}")
