@@ -17,9 +17,13 @@ them through :class:`~mimo_kit.infra.mixer.SampleMixer`:
   next step; accepted groups beyond a source's target are the oversampling's surplus (kept for replay).
 
 Measured per α (steady state, after ``warmup`` steps): *occupancy stability*, the coefficient of variation
-(std / mean, time-weighted) of the engines' total KV occupancy; *collection imbalance*, the time-weighted mean
-over the collection of the spread (std over sources) of each source's progress min(A_i / B_i, 1). The combined
-criterion per seed is the sum of both, each divided by its largest value among the α arms (lower is better).
+(std / mean, time-weighted) of the engines' total KV occupancy, the KV tokens held by running rollouts over the
+engines' total capacity. Occupancy can pass 1: admission checks margin × the source's *mean* tokens, and a rollout's
+own length is drawn when it runs, so a long one can hold more than the free KV it was admitted against (an
+*overflow*, counted per dispatch as ``overflow_rate``; a real engine would preempt it); *collection imbalance*, the
+time-weighted mean over the collection of the spread (std over sources) of each source's progress min(A_i / B_i, 1).
+The combined criterion per seed is the sum of both, each divided by its largest value among the α arms (lower is
+better).
 
 Start-up (with ``alpha`` of the Mixer config): a run is stopped after ``stop_after`` steps (rollouts in flight are
 lost, the Mixer's state is saved) and resumed with and without sample replay; a cold start (a fresh Mixer, no
@@ -345,7 +349,9 @@ def figure(res: dict):
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     for a, s in res["series"].items():
         ax[0].plot(s["t"], s["occupancy"], label=f"α = {a}", lw=1)
-    ax[0].set(xlabel="time (steady state)", ylabel="KV occupancy", title="engine KV occupancy")
+    ax[0].axhline(1.0, color="k", lw=0.8, ls=":", label="capacity (above: overflow)")
+    ax[0].set(xlabel="time (steady state)", ylabel="KV held / KV capacity",
+              title="engines' KV occupancy (seed 0)")
     ax[0].legend()
     alphas = list(res["summary"])
     x = np.arange(len(alphas))
