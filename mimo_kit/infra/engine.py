@@ -131,10 +131,16 @@ class InProcessEngine:
     starts with an empty store, and a prefill over a stored prefix rounds differently from a whole one (~1e-7 in
     the logits), so bit-exact resume holds with it off. :attr:`prefill_tokens` counts the tokens prefilled and
     :attr:`kv_peak_bytes` the most KV the engine held at once (the decode batch's cache and the store).
+
+    ``drafter`` (a :class:`~mimo_kit.speculative.decode.Drafter`: the block drafter or MTP; :meth:`set_drafter`
+    swaps in a refreshed one) decodes each request speculatively, one sequence at a time, lossless under the
+    request's temperature, top-k and top-p (:func:`~mimo_kit.speculative.decode.speculative_sample`): the same
+    distribution of tokens, other draws of the sampling stream. Requests that capture routing (R3) decode plainly.
+    :attr:`spec` counts rounds, drafts proposed and accepted (reset it to log a step's acceptance).
     """
 
     def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0,
-                 prefix_cache_bytes: int = 0):
+                 prefix_cache_bytes: int = 0, drafter: Any = None):
         self.model = copy.deepcopy(model) if copy_weights else model
         self.model.eval()
         for p in self.model.parameters():
@@ -151,6 +157,16 @@ class InProcessEngine:
         self.kv_peak_bytes = 0  # the most KV held at once: the decode batch's cache + the prefix store
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, park="cpu")
                              if prefix_cache_bytes > 0 and self.is_kit else None)
+        self.drafter = None
+        self.spec = SpecCounts()
+        if drafter is not None:
+            self.set_drafter(drafter)
+
+    def set_drafter(self, drafter: Any) -> None:
+        """Decode speculatively with ``drafter`` from now on (None: plain decoding); the kit decoder only."""
+        if drafter is not None and not self.is_kit:
+            raise ValueError("set_drafter: speculative decoding needs the kit decoder (its cache rolls back)")
+        self.drafter = drafter
 
     # ---- weights and control ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -230,6 +246,12 @@ class InProcessEngine:
             key = (None if ragged else len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                    tuple(r.stop_token_ids), r.return_routed_experts, r.return_candidates)
             groups.setdefault(key, []).append(i)
+        if self.drafter is not None:
+            for i, r in enumerate(requests):
+                if not r.return_routed_experts:
+                    out[i] = self._generate_speculative(r, version)
+            groups = {k: [i for i in idx if i not in out] for k, idx in groups.items()}
+            groups = {k: idx for k, idx in groups.items() if idx}
         for idx in groups.values():
             if self._abort.is_set():  # cut before it started: no tokens, resumable like any aborted request
                 for i in idx:
@@ -240,6 +262,28 @@ class InProcessEngine:
                 out[i] = o
         self._on_step = None
         return [out[i] for i in range(len(requests))]
+
+    def _generate_speculative(self, r: GenerationRequest, version: int) -> GenerationOutput:
+        """One request through the drafter and the backbone (lossless speculative sampling)."""
+        from mimo_kit.speculative.decode import speculative_sample
+
+        if self._abort.is_set():
+            return GenerationOutput(r.request_id, [], [], "abort", version, None, [] if r.return_candidates else None)
+
+        def should_stop() -> bool:
+            if self._on_step is not None:
+                self._on_step()
+            return self._abort.is_set()
+
+        res = speculative_sample(self.model, self.drafter, list(r.prompt_ids), r.max_new_tokens,
+                                 temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                                 stop_token_ids=tuple(r.stop_token_ids), generator=self.generator,
+                                 return_candidates=r.return_candidates, should_stop=should_stop)
+        self.prefill_tokens += len(r.prompt_ids)
+        self.tokens_generated += len(res.tokens)
+        self.spec.add(res)
+        return GenerationOutput(r.request_id, res.tokens, res.logprobs, res.finish_reason, version, None,
+                                res.candidates)
 
     def _generate_batch(self, reqs: list[GenerationRequest], version: int) -> list[GenerationOutput]:
         r0 = reqs[0]
@@ -318,6 +362,32 @@ class InProcessEngine:
             outs.append(GenerationOutput(r.request_id, tokens[b], logps[b], reasons[b], version, routed,
                                          cands[b] if r0.return_candidates else None))
         return outs
+
+
+@dataclasses.dataclass
+class SpecCounts:
+    """Speculative decoding's work since the last reset: verification rounds, drafts proposed and accepted, tokens
+    emitted. ``accepted_length`` = tokens per backbone forward (accepted drafts + 1 per round)."""
+
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    tokens: int = 0
+
+    def add(self, res: Any) -> None:
+        self.rounds += len(res.accepted)
+        self.proposed += sum(res.proposed_by_position)
+        self.accepted += sum(res.accepted)
+        self.tokens += len(res.tokens)
+
+    @property
+    def accepted_length(self) -> float:
+        return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance(self) -> float:
+        """Accepted drafts per draft proposed (a draft after a rejection is not proposed)."""
+        return self.accepted / self.proposed if self.proposed else 0.0
 
 
 class _null:

@@ -12,19 +12,26 @@ after each input.
   sampling from p, whatever the drafter proposes (q_i may ignore the other drafts: a block drafter drafts all
   positions at once).
 
+- **Truncated sampling** (top-k / top-p, what RL rollouts sample with): the same rule with the truncated target
+  p̃_i = softmax(truncate(z_i / T)) in place of p_i, so every token is distributed as under plain truncated sampling
+  (:func:`~mimo_kit.model.generate.sample_next`), and each token's candidate set is the support of its p̃_i.
+
 Rejected positions are rolled back from the backbone's cache (its SWA rings keep ``block_size`` spare slots).
-The loop talks to the drafter through :class:`Drafter` (begin / propose / commit).
+The loop talks to the drafter through :class:`Drafter` (begin / propose / commit). :func:`speculative_sample` is
+the loop; :func:`speculative_generate` is its one-end-token form.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 
 from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.generate import truncate_logits
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -63,6 +70,10 @@ class SpecResult:
     proposed_by_position: list[int]  # how often each block position 1 … B − 1 was proposed (reached)
     accepted_by_position: list[int]  # … and accepted
     seconds: float
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # per token: log softmax(z / T); with
+    # candidates, log p̃ (renormalised over the candidate set, as the engine reports it)
+    candidates: list[list[int]] | None = None  # per token: the support of the truncated target (when asked)
+    finish_reason: str = "length"  # "stop" at a stop token, "abort" when ``should_stop`` said so, else "length"
 
     @property
     def mean_accepted_length(self) -> float:
@@ -100,46 +111,84 @@ def speculative_generate(backbone: MiMoForCausalLM, drafter: Drafter, prompt: to
     """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence) with any :class:`Drafter`."""
     if prompt.dim() != 2 or prompt.shape[0] != 1:
         raise ValueError(f"speculative_generate: prompt must be [1, T], got {tuple(prompt.shape)}")
-    if temperature < 0:
-        raise ValueError(f"speculative_generate: temperature={temperature}, expected >= 0")
+    return speculative_sample(backbone, drafter, prompt[0].tolist(), max_new_tokens, temperature=temperature,
+                              stop_token_ids=() if eos_token_id is None else (eos_token_id,), generator=generator)
+
+
+@torch.no_grad()
+def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, *,
+                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                       stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
+                       return_candidates: bool = False, should_stop: Callable[[], bool] | None = None) -> SpecResult:
+    """Up to ``max_new_tokens`` after ``prompt_ids``, ending at the first of ``stop_token_ids``: the tokens, each
+    one's logprob and (``return_candidates``) its candidate set, and the drafts' acceptance. ``should_stop`` is
+    asked after every verification round; True cuts the generation there (``finish_reason`` "abort")."""
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"speculative_sample: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
+                         f"top_k={top_k} (>= 0) expected")
+    if not prompt_ids or max_new_tokens < 1:
+        raise ValueError(f"speculative_sample: {len(prompt_ids)} prompt tokens, max_new_tokens={max_new_tokens}; "
+                         "expected at least 1 of each")
+    stops = set(stop_token_ids)
     K = drafter.num_drafts
     B = K + 1
     t0 = time.perf_counter()
     cache = backbone.new_cache(slack=B)
+    prompt = torch.tensor([prompt_ids], dtype=torch.long, device=next(backbone.parameters()).device)
     out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
     state = drafter.begin(backbone, out, prompt)
 
-    def pick(logits: torch.Tensor) -> int:
-        if temperature == 0:
-            return int(logits.argmax())
-        return int(torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator))
+    def target(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[n, V] logits → (truncated target probabilities p̃ [n, V], log softmax(z / T) [n, V])."""
+        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+        return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
 
-    anchor, pos = pick(out.logits[0, -1]), prompt.shape[1]
-    tokens, accepted = [anchor], []
+    def keep(tok: int, p_row: torch.Tensor, lsm_row: torch.Tensor) -> None:
+        tokens.append(tok)
+        if cands is None:
+            logprobs.append(float(lsm_row[tok]))
+            return
+        logprobs.append(0.0 if temperature == 0 else float(p_row[tok].log()))  # greedy: the set is the token
+        cands.append([tok] if temperature == 0 else (p_row > 0).nonzero()[:, 0].tolist())
+
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    cands: list[list[int]] | None = [] if return_candidates else None
+    p0, lsm0 = target(out.logits[0, -1:])
+    first = int(out.logits[0, -1].argmax()) if temperature == 0 else int(torch.multinomial(p0[0], 1,
+                                                                                          generator=generator))
+    keep(first, p0[0], lsm0[0])
+    anchor, pos = first, len(prompt_ids)
+    accepted: list[int] = []
     proposed_at, accepted_at = [0] * K, [0] * K
-    while len(tokens) < max_new_tokens and anchor != eos_token_id:
+    while len(tokens) < max_new_tokens and anchor not in stops:
         drafts, q_logits = drafter.propose(backbone, state, anchor, pos, temperature, generator)  # [K], [K, V]
-        block = torch.cat([torch.tensor([anchor]), drafts])[None]  # [1, B]
+        block = torch.cat([torch.tensor([anchor]), drafts.cpu()])[None].to(prompt.device)  # [1, B]
         out = backbone(block, cache, output_hidden_states=True)
-        p_logits = out.logits[0].float()  # [B, V]: p_i predicts the token after block[i]
+        p_logits = out.logits[0].float().cpu()  # [B, V]: p_i predicts the token after block[i]
+        p, lsm = target(p_logits)
         if temperature == 0:
-            a, nxt = verify_greedy(drafts, p_logits)
+            a, nxt = verify_greedy(drafts.cpu(), p_logits)
         else:
-            a, nxt = verify_sampling(drafts, (q_logits / temperature).softmax(-1),
-                                     (p_logits / temperature).softmax(-1), generator)
+            a, nxt = verify_sampling(drafts.cpu(), (q_logits.float().cpu() / temperature).softmax(-1), p, generator)
         cache.rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
         state = drafter.commit(backbone, state, out, block, a, pos)
         for i in range(min(a + 1, K)):
             proposed_at[i] += 1
             accepted_at[i] += int(i < a)
         accepted.append(a)
-        tokens += drafts[:a].tolist() + [nxt]
+        for i, tok in enumerate([*drafts[:a].tolist(), nxt]):
+            keep(int(tok), p[i], lsm[i])
         anchor, pos = nxt, pos + a + 1
-        if eos_token_id is not None and eos_token_id in tokens:
+        if stops & set(tokens):
             break
-    if eos_token_id is not None and eos_token_id in tokens:
-        tokens = tokens[: tokens.index(eos_token_id) + 1]
-    return SpecResult(tokens[:max_new_tokens], accepted, proposed_at, accepted_at, time.perf_counter() - t0)
+        if should_stop is not None and should_stop() and len(tokens) < max_new_tokens:
+            return SpecResult(tokens, accepted, proposed_at, accepted_at, time.perf_counter() - t0, logprobs,
+                              cands, "abort")
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), None)
+    n = min(max_new_tokens, end or len(tokens))
+    return SpecResult(tokens[:n], accepted, proposed_at, accepted_at, time.perf_counter() - t0, logprobs[:n],
+                      None if cands is None else cands[:n], "stop" if end is not None and end <= n else "length")
 
 
 def expected_accepted_length(alpha: float, block_size: int) -> float:

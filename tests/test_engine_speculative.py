@@ -1,0 +1,106 @@
+"""Speculative decoding inside the rollout engine (Report §6): lossless under temperature and top-p, candidate sets
+and logprobs as the plain engine reports them, acceptance counted."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import mimo_kit.speculative.decode as decode
+from mimo_kit.infra.engine import GenerationRequest, InProcessEngine
+from mimo_kit.model import MiMoConfig, MiMoForCausalLM
+from mimo_kit.model.generate import truncate_logits
+from mimo_kit.speculative import MTPConfig, MTPDrafter
+
+V, T, TOP_P = 5, 0.9, 0.8
+PROMPT = [1, 2, 0, 3, 4, 1]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(4)
+    bb = MiMoForCausalLM(MiMoConfig.preset("tiny", vocab_size=V, initializer_range=0.3)).eval()
+    drafter = MTPDrafter(MTPConfig.preset("tiny", block_size=3), bb.config).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a drafter whose q differs visibly from the target
+        for name, p in drafter.named_parameters():
+            if "norm" not in name:
+                p.normal_(0.0, 0.3, generator=g)
+    return bb, drafter
+
+
+def _target(bb, prefixes: torch.Tensor) -> torch.Tensor:
+    """p̃ of the token after each prefix [n, L] → [n, V]: softmax(truncate(z / T, top-p))."""
+    with torch.no_grad():
+        z = bb(prefixes).logits[:, -1].float() / T
+    return truncate_logits(z, 0, TOP_P).softmax(-1)
+
+
+def _exact_joint(bb) -> torch.Tensor:
+    """p(t2, t3) under truncated sampling, t1 summed out: [V, V]."""
+    prompt = torch.tensor([PROMPT])
+    p1 = _target(bb, prompt)[0]  # [V]
+    t1 = torch.arange(V)[:, None]
+    p2 = _target(bb, torch.cat([prompt.expand(V, -1), t1], 1))  # [t1, V]
+    grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # (t1, t2)
+    p3 = _target(bb, torch.cat([prompt.expand(V * V, -1), grid], 1))  # [(t1, t2), V]
+    joint = (p1[grid[:, 0]] * p2[grid[:, 0], grid[:, 1]])[:, None] * p3  # [(t1, t2), t3]
+    return torch.zeros(V, V).index_add_(0, grid[:, 1], joint)
+
+
+def _pvalue(bb, drafter, n=300) -> tuple[float, int]:
+    """(χ² p-value of the (t2, t3) counts against the exact truncated law, tokens emitted outside the top-p set)."""
+    eng = InProcessEngine(bb, seed=1, drafter=drafter)
+    reqs = [GenerationRequest(f"r{i}", PROMPT, max_new_tokens=3, temperature=T, top_p=TOP_P) for i in range(n)]
+    counts = torch.zeros(V, V)
+    for o in eng.generate(reqs):
+        counts[o.token_ids[1], o.token_ids[2]] += 1
+    exact = _exact_joint(bb)
+    keep = exact.flatten() * n >= 5  # cells the truncation leaves possible, often enough for the test
+    outside = int(counts.flatten()[exact.flatten() == 0].sum())
+    f_exp = exact.flatten()[keep] / exact.flatten()[keep].sum() * counts.flatten()[keep].sum()
+    return chisquare(counts.flatten()[keep].numpy(), f_exp.numpy()).pvalue, outside
+
+
+@pytest.mark.slow
+def test_speculative_rollouts_follow_the_truncated_target(pair):
+    bb, drafter = pair
+    assert (_exact_joint(bb) == 0).any(), "top-p should cut some tokens here"
+    pvalue, outside = _pvalue(bb, drafter)
+    assert outside == 0 and pvalue > 1e-3, (pvalue, outside)
+
+
+@pytest.mark.slow
+def test_a_broken_residual_is_caught_through_the_engine(pair, monkeypatch):
+    bb, drafter = pair
+    monkeypatch.setattr(decode, "residual_distribution", lambda p, q: q)  # resample from the drafter: biased
+    pvalue, outside = _pvalue(bb, drafter, n=120)
+    assert outside > 0 or pvalue < 1e-4, (pvalue, outside)
+
+
+def test_candidates_logprobs_and_acceptance_as_the_plain_engine_reports_them(pair):
+    bb, drafter = pair
+    eng = InProcessEngine(bb, seed=2, drafter=drafter)
+    reqs = [GenerationRequest(f"r{i}", PROMPT, max_new_tokens=6, temperature=T, top_p=TOP_P,
+                              return_candidates=True, stop_token_ids=(4,)) for i in range(8)]
+    outs = eng.generate(reqs)
+    for o in outs:
+        ctx = list(PROMPT)
+        for tok, lp, cand in zip(o.token_ids, o.logprobs, o.candidates):
+            p = _target(bb, torch.tensor([ctx]))[0]
+            assert cand == (p > 0).nonzero()[:, 0].tolist() and tok in cand
+            assert lp == pytest.approx(float(p[tok].log()), abs=1e-5)  # renormalised over the candidate set
+            ctx.append(tok)
+        assert (o.finish_reason == "stop") == (4 in o.token_ids) and o.token_ids.count(4) <= 1
+        assert o.finish_reason in ("stop", "length") and len(o.token_ids) <= 6
+    assert eng.spec.rounds > 0 and 0 <= eng.spec.acceptance <= 1
+    assert eng.spec.tokens == sum(len(o.token_ids) for o in outs)
+    assert 1 <= eng.spec.accepted_length <= drafter.num_drafts + 1
+    # greedy with a drafter equals greedy without one
+    greedy = [GenerationRequest("g", PROMPT, max_new_tokens=8, temperature=0.0)]
+    assert eng.generate(greedy)[0].token_ids == InProcessEngine(bb).generate(greedy)[0].token_ids
+    # an abort from the step hook cuts the request at a round, resumable
+    eng.set_drafter(drafter)
+    cut = eng.generate([GenerationRequest("a", PROMPT, max_new_tokens=50, temperature=T)], on_step=eng.abort)
+    assert cut[0].finish_reason == "abort" and 1 <= len(cut[0].token_ids) < 50
+    eng.set_drafter(None)
+    assert eng.drafter is None
