@@ -141,6 +141,7 @@ from mimo_kit.rl.losses import (
 from mimo_kit.rl.penalty_module import InfrastructureErrorRule, PenaltyModule, RecordedErrorRule
 from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.trajectory import Sample, TrainBatch, flatten, save_jsonl
+from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
 from mimo_kit.train.sft import PolicyConfig, SFTConfig, build_policy, sft_optimizer, sft_warm_start
 from mimo_kit.train.student import StudentConfig, check_student_run
 from mimo_kit.train.toy import pooled
@@ -268,6 +269,11 @@ class RLConfig(Config):
                      "private loopback head when Ray is not initialised)")
     pool_actors: int = knob(2, "the harness pool's hosts, each keeping many episodes and their tool threads: two, one "
                             "per core of a laptop (the report does not publish its pool's size)", min=1)
+    speculative: bool = knob(False, "rollouts decode speculatively (lossless) with a drafter refreshed on the run's "
+                                    "own trajectories (Report §6); in-process kit engines only; off: a drafter "
+                                    "costs rounds where a toy policy's short actions gain little")
+    drafter: DrafterRefreshConfig = knob(default_factory=DrafterRefreshConfig,
+                                         why="the drafter and its refresh schedule when speculative=true")
     prefix_cache_mib: float = knob(0.0, "per in-process engine: MiB of finished turns' KV kept in host memory, so a "
                                    "turn prefills only its new suffix (Report §6 persistent context KV); 0 = off, "
                                    "since a resumed run starts with an empty store and a suffix prefill rounds "
@@ -295,6 +301,10 @@ class RLConfig(Config):
     def check(self) -> None:
         check_device_knobs("RLConfig", self.device, self.precision, self.fsdp)
         check_student_run(self)
+        if self.speculative and (self.engine_url or self.student.model):
+            raise ConfigError("RLConfig.speculative=true decodes with the kit decoder's in-process engines (its cache "
+                              "rolls back rejected drafts); set engine_url='' and student.model='', or "
+                              "speculative=false")
         if self.engine_url and self.rollout_mxfp4:
             raise ConfigError("RLConfig.rollout_mxfp4 with engine_url: the server owns its weights' precision "
                               "(serve MXFP4 experts on the server side); set rollout_mxfp4=false")
@@ -1181,6 +1191,29 @@ def shared_world(cfg: RLConfig, d: Dist) -> ToyWorld | RepoWorld:
 WALL_CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s", "samples_per_s")
 
 
+def engines_of(engine: Any) -> list:
+    """The in-process engines behind ``engine`` (one, or a rollout service's)."""
+    return [e for e in getattr(engine, "engines", [engine]) if isinstance(e, InProcessEngine)]
+
+
+def token_rows(samples: list[Sample]) -> list[list[int]]:
+    """Every context of every sequence as one row of token ids (what a drafter refresh trains on)."""
+    return [[t for seg in c.segments for t in seg.token_ids] for s in samples for q in s.sequences
+            for c in q.contexts]
+
+
+def speculative_row(engine: Any, refresher: DrafterRefresher, loss: float | None) -> dict:
+    """The step's speculative decoding: tokens per backbone forward, accepted share of the drafts checked, the
+    refresh's loss; the engines' counts start again."""
+    rounds = accepted = proposed = 0
+    for e in engines_of(engine):
+        rounds, accepted, proposed = rounds + e.spec.rounds, accepted + e.spec.accepted, proposed + e.spec.proposed
+        e.spec = type(e.spec)()
+    return {"spec_accepted_length": (accepted + rounds) / rounds if rounds else None,
+            "spec_acceptance": accepted / proposed if proposed else None, "drafter_loss": loss,
+            "drafter_refreshes": refresher.refreshes}
+
+
 def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: EntropyClipController,
              stream: TaskStream, clock: dict[str, float]) -> dict:
     """One line of ``metrics.jsonl``: the step's rollouts, collection counts, training metrics and timings.
@@ -1253,6 +1286,13 @@ def run_rl(cfg: RLConfig) -> dict:
             pending = c.get("pending")  # async: the batch gathered ahead, from the checkpointed version
         elif d.is_main:
             sft_eval = evaluate(engine, cfg, world)
+        refresher = None
+        if cfg.speculative and d.is_main:  # after the SFT evaluation: evaluations decode plainly, same draws
+            refresher = DrafterRefresher(cfg.drafter, engines_of(engine)[0].model.config)
+            if start:
+                refresher.load_state_dict(c["drafter"])
+            for e in engines_of(engine):
+                e.set_drafter(refresher.drafter)
         if d.is_main:  # the metrics of the steps done so far (none on a fresh start); this process's timeline
             lines = metrics.read_text().splitlines()[:start] if metrics.exists() else []
             metrics.write_text("".join(line + "\n" for line in lines))
@@ -1298,6 +1338,10 @@ def run_rl(cfg: RLConfig) -> dict:
                          step_s=time.perf_counter() - t0)
             if d.is_main:
                 row = step_row(step + 1, got, lag, trained, controller, stream, clock)
+                if refresher is not None:  # the drafter follows the policy: the new weights, this step's trajectories
+                    loss = (refresher.refresh(engines_of(engine)[0].model, token_rows(got.drawn))
+                            if (step + 1) % cfg.drafter.every == 0 else None)
+                    row.update(speculative_row(engine, refresher, loss))
                 if cfg.save_trajectories:  # every group drawn, in the one schema (rl.load_jsonl reads it back)
                     save_jsonl(got.drawn, out / "trajectories" / f"step{step + 1:05d}.jsonl")
                 with metrics.open("a") as f:
@@ -1307,7 +1351,11 @@ def run_rl(cfg: RLConfig) -> dict:
             if cfg.checkpoint_every and ((step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps):
                 save_sharded(ckpt, model, opt, {"step": step + 1, "controller": controller, "sft_eval": sft_eval,
                                                 "init_router": init_router, "config": cfg.to_dict(),
-                                                "pending": pending, **stream.state_dict()}, is_main=d.is_main)
+                                                "pending": pending, **stream.state_dict(),
+                                                **({"drafter": refresher.state_dict()} if refresher else {})},
+                             is_main=d.is_main)
+        for e in engines_of(engine) if refresher is not None else []:  # evaluations decode plainly
+            e.set_drafter(None)
         final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
                "sft_final_loss": sft_losses[-1] if sft_losses else None, "config": cfg.to_dict()}
