@@ -311,6 +311,65 @@ print("tokens per second:", 25 * 20, "->", answer_3, "tokens; kit's rate:", toke
 assert exercise("ch02c", 3).accepts(answer_3)
 assert exercise("ch02c", 3).accepts(15000.0)
 assert not exercise("ch02c", 3).accepts(30 * 25)  # frames, not tokens"""),
+    Key(4, r"""
+The report-shaped MiMo-ViT (`ViTConfig.preset("report")`: 448-px images in 14-px patches, 24 SWA layers with
+$w = 64$ and 4 global layers) computes what share of the key–query pairs that 28 full-attention layers would? A SWA
+query sees the keys within $w$ of it in the layer's reading order, so the first and last $w$ queries see fewer than
+$2w + 1$. Check with `attention_pairs`. Give the share (a ratio, not a percent) to 3 decimals, correctly
+rounded.""", r"""
+The grid is $448 / 14 = 32$ patches per side, $L = 1024$ patches. A global layer scores all $L^2 = 1\,048\,576$
+pairs. A SWA query sees the keys $|i - j| \le w$ that exist: $2w + 1 = 129$ in the interior, while the first and
+the last $w = 64$ queries lose $w, w - 1, \dots, 1$ keys past the ends, so (in either reading order)
+
+$$N_{\text{SWA}} = L(2w + 1) - 2\sum_{m=1}^{w} m = L(2w + 1) - w(w + 1) = 1024 \cdot 129 - 64 \cdot 65
+= 127\,936 .$$
+
+With 24 SWA and 4 global layers, against 28 global ones:
+
+$$\frac{24 \cdot 127\,936 + 4 \cdot 1\,048\,576}{28 \cdot 1\,048\,576} = \frac{7\,264\,768}{29\,360\,128}
+= 0.24744 \approx 0.247 .$$
+
+The 4 global layers are more than half of the remaining cost. Giving every query $2w + 1$ keys
+($24 \cdot 132\,096$ pairs, share $0.251$) is rejected.""", '''
+from mimo_kit.model.encoder_experiments import attention_pairs
+
+vit = ViTConfig.preset("report")
+L, w = (448 // 14) ** 2, vit.window
+swa = sum(min(i + w, L - 1) - max(i - w, 0) + 1 for i in range(L))  # keys per query, summed
+assert swa == L * (2 * w + 1) - w * (w + 1)
+n_global = vit.layer_kinds.count("global")
+n_swa = len(vit.layer_kinds) - n_global
+answer_4 = (n_swa * swa + n_global * L * L) / (len(vit.layer_kinds) * L * L)
+print(f"L = {L}, w = {w}: {swa:,} pairs per SWA layer; {n_swa} SWA + {n_global} global -> share {answer_4:.5f}")
+kit = attention_pairs(vit)
+print("attention_pairs:", f"{kit['pairs']:,} of {kit['full_pairs']:,}")
+assert kit["pairs"] == n_swa * swa + n_global * L * L''', '''
+assert exercise("ch02c", 4).accepts(answer_4)
+assert exercise("ch02c", 4).accepts(0.247)
+no_edges = (n_swa * L * (2 * w + 1) + n_global * L * L) / (len(vit.layer_kinds) * L * L)
+assert not exercise("ch02c", 4).accepts(round(no_edges, 3))  # every query given 2w + 1 keys'''),
+    Key(5, r"""
+The kit's report-shaped audio tokenizer (`AudioConfig.preset("report")`) has 1024 codewords per RVQ level, a kit
+choice the report does not publish. How many bits per second does its code stream carry at 25 Hz and 20 levels,
+each code being an index into its level's codebook? Give an integer (checked exactly).""", r"""
+A code picks one of $K = 1024$ codewords, so it carries $\log_2 1024 = 10$ bits. The tokenizer emits
+$25 \cdot 20 = 500$ codes per second:
+
+$$R = f \cdot L \cdot \log_2 K = 25 \cdot 20 \cdot 10 = 5000 \text{ bits/s},$$
+
+5 kbit/s, or $80 \cdot 10 = 800$ bits per backbone position. One code per frame ($25 \cdot 10 = 250$) forgets the
+20 levels; with the `tiny` tokenizer's 32 codewords it would be $500 \cdot 5 = 2500$.""", '''
+import math
+
+from mimo_kit.model.audio import AudioConfig
+
+K = AudioConfig.preset("report").codebook_size
+answer_5 = 25 * 20 * int(math.log2(K))
+print(K, "codewords:", math.log2(K), "bits per code;", answer_5, "bits/s; tokens/s:", token_rates()["tokens_per_s"])''',
+        '''
+assert exercise("ch02c", 5).accepts(answer_5)
+assert exercise("ch02c", 5).accepts(5000.0)
+assert not exercise("ch02c", 5).accepts(25 * int(math.log2(K)))  # one code per frame, the levels forgotten'''),
 ])
 
 CH02B = Chapter("ch02b_speculative_decoding", "ch02b", "Chapter 2.4 · Speculative decoding", '''
