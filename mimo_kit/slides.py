@@ -17,7 +17,8 @@ appears on a slide only where marked. Every unmarked cell follows the lecture ru
 * an unmarked markdown cell without a heading adds its equations, lists and tables to the current slide and its
   text to the notes;
 * an unmarked code cell shows no code; each figure it drew gets a slide of its own under the current title, and a
-  table it displayed (Markdown, at most :data:`MAX_TABLE_ROWS` rows) gets one too; printed text stays out.
+  table it displayed (Markdown, at most :data:`MAX_TABLE_ROWS` rows) gets one too; a sentence it displayed as
+  Markdown (prose rendered from a record, ``nb.say``) joins the speaker notes; printed text stays out.
 
 A slide whose blocks would not fit one screen (:func:`block_lines` against :data:`SCREEN_LINES`) continues on a
 next slide, "(cont.)": one slide per screen.
@@ -278,7 +279,23 @@ def _inline(text: str) -> str:
     return _md(text).strip().removeprefix("<p>").removesuffix("</p>")
 
 
+def _prose_outputs(cell: nbformat.NotebookNode) -> list[str]:
+    """Markdown a code cell displayed that holds no table (a sentence rendered from a record, ``nb.say``)."""
+    out = []
+    for o in cell.get("outputs", []):
+        data = o.get("data", {})
+        text = data.get("text/markdown")
+        if text is None or "application/vnd.mimo-kit.claim+json" in data:
+            continue
+        text = "".join(text) if isinstance(text, list) else text
+        if not any(line.strip().startswith("|") for line in text.splitlines()):
+            out.append(text)
+    return out
+
+
 def _place_code(deck: _Deck, cell: nbformat.NotebookNode) -> None:
+    for text in _prose_outputs(cell):  # the chapter's prose, rendered from its records: the speaker notes
+        deck.notes(_md(text))
     for figure in _figures(cell):
         deck.open(deck.title, figure=True).blocks.append((figure, SCREEN_LINES - 2))
     for table, rest in _tables(cell):

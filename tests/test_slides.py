@@ -23,6 +23,9 @@ def _figure_cell(source="plot()"):
 def _lecture():
     """A chapter: a title cell, a section with an equation and prose, a figure, a marked code cell, a sub-section,
     a skipped cell, a notes cell and a table output."""
+    said = v4.new_code_cell("nb.say(...)")
+    said.outputs = [v4.new_output("display_data", data={"text/markdown": "MEASURED-SENTENCE: 3 of 5 seeds.",
+                                                         "text/plain": "<Markdown>"})]
     table = v4.new_code_cell("nb.table(rows)")
     table.outputs = [v4.new_output("display_data", data={"text/markdown": "| a | b |\n|---|---|\n| 1 | 2 |",
                                                           "text/plain": "<Markdown>"})]
@@ -37,6 +40,7 @@ def _lecture():
         v4.new_markdown_cell("SKIPPED-CELL", metadata={"slideshow": {"slide_type": "skip"}}),
         v4.new_markdown_cell("NOTES-CELL", metadata={"slideshow": {"slide_type": "notes"}}),
         v4.new_markdown_cell("## Section B"),
+        said,
         table,
     ])
 
@@ -62,6 +66,7 @@ def test_lecture_rule_places_narrative_equations_figures_and_notes():
     assert "<li>one</li>" in on_slide[4] and "NOTES-CELL" in notes[4]
     assert "SKIPPED-CELL" not in "".join(on_slide + notes)
     assert "<table>" in on_slide[6]
+    assert "MEASURED-SENTENCE" in notes[5] and "MEASURED-SENTENCE" not in "".join(on_slide)
     assert slides.expected_slides(nb) == len(deck) == 7
 
 
