@@ -73,7 +73,11 @@ def markdown_table(rows: list[dict] | dict[str, dict], *, index: str = "") -> st
 
 def table(rows: list[dict] | dict[str, dict], *, index: str = "") -> None:
     """Display rows as a markdown table (rendered in JupyterLab, printed elsewhere)."""
-    text = markdown_table(rows, index=index)
+    _markdown(markdown_table(rows, index=index))
+
+
+def _markdown(text: str) -> None:
+    """Markdown in a notebook, the text itself elsewhere."""
     try:
         from IPython import get_ipython
         from IPython.display import Markdown, display
@@ -90,16 +94,7 @@ def say(text: str) -> None:
     """Display a sentence of the chapter's prose that states a measured number, rendered from the record or the
     variable that holds it (Markdown in JupyterLab, printed elsewhere). A markdown cell never types a measured
     count or ratio: it would go stale when the run is redone (``tests/test_prose_numbers.py``)."""
-    try:
-        from IPython import get_ipython
-        from IPython.display import Markdown, display
-
-        if get_ipython() is not None:
-            display(Markdown(text))
-            return
-    except ImportError:
-        pass
-    print(text)
+    _markdown(text)
 
 
 def seeds_agree(c) -> str:

@@ -160,20 +160,30 @@ def _figures(cell: nbformat.NotebookNode) -> list[str]:
     return out
 
 
-def _tables(cell: nbformat.NotebookNode) -> list[tuple[str, str]]:
-    """(table, the rest) of each Markdown output holding a table of at most :data:`MAX_TABLE_ROWS` rows: the table
-    goes on a slide, the output's other text (a heading, a caption) to the notes. Claim records are left out."""
+def _markdown_outputs(cell: nbformat.NotebookNode) -> list[str]:
+    """The Markdown a code cell displayed (claim records left out: chapter 8 tabulates them)."""
     out = []
     for o in cell.get("outputs", []):
         data = o.get("data", {})
         text = data.get("text/markdown")
-        if text is None or "application/vnd.mimo-kit.claim+json" in data:
-            continue
-        lines = ("".join(text) if isinstance(text, list) else text).splitlines()
-        rows = [line for line in lines if line.strip().startswith("|")]
+        if text is not None and "application/vnd.mimo-kit.claim+json" not in data:
+            out.append("".join(text) if isinstance(text, list) else text)
+    return out
+
+
+def _is_table_row(line: str) -> bool:
+    return line.strip().startswith("|")
+
+
+def _tables(cell: nbformat.NotebookNode) -> list[tuple[str, str]]:
+    """(table, the rest) of each Markdown output holding a table of at most :data:`MAX_TABLE_ROWS` rows: the table
+    goes on a slide, the output's other text (a heading, a caption) to the notes."""
+    out = []
+    for text in _markdown_outputs(cell):
+        lines = text.splitlines()
+        rows = [line for line in lines if _is_table_row(line)]
         if rows and len(rows) - 2 <= MAX_TABLE_ROWS:
-            rest = [line for line in lines if not line.strip().startswith("|")]
-            out.append(("\n".join(rows), "\n".join(rest).strip()))
+            out.append(("\n".join(rows), "\n".join(line for line in lines if not _is_table_row(line)).strip()))
     return out
 
 
@@ -281,16 +291,7 @@ def _inline(text: str) -> str:
 
 def _prose_outputs(cell: nbformat.NotebookNode) -> list[str]:
     """Markdown a code cell displayed that holds no table (a sentence rendered from a record, ``nb.say``)."""
-    out = []
-    for o in cell.get("outputs", []):
-        data = o.get("data", {})
-        text = data.get("text/markdown")
-        if text is None or "application/vnd.mimo-kit.claim+json" in data:
-            continue
-        text = "".join(text) if isinstance(text, list) else text
-        if not any(line.strip().startswith("|") for line in text.splitlines()):
-            out.append(text)
-    return out
+    return [t for t in _markdown_outputs(cell) if not any(_is_table_row(line) for line in t.splitlines())]
 
 
 def _place_code(deck: _Deck, cell: nbformat.NotebookNode) -> None:
