@@ -499,6 +499,87 @@ print("qdq:", kit)
 assert kit == answer_3''', '''
 assert exercise("ch03", 3).accepts(answer_3)
 assert not exercise("ch03", 3).accepts(2.0 * min(grid, key=lambda g: abs(g - 0.35)))  # scale without the -2'''),
+    Key(4, r"""
+The `tiny` pre-training run (`PretrainConfig.preset("tiny")`: 300 steps, `warmup_steps` = 20, `min_lr_ratio` = 0.1)
+multiplies its learning rates by a linear warm-up, then a cosine down to the floor $r$:
+$f(t) = t / T_w$ for $t \le T_w$, else $f(t) = r + (1 - r)\,\tfrac12\bigl(1 + \cos \pi \tfrac{t - T_w}{T - T_w}\bigr)$.
+What is the factor at step 200? Check with `mimo_kit.optim.lr_factor`. Give it to 3 decimals, correctly
+rounded.""", r"""
+Step $t = 200$ is past the warm-up ($T_w = 20$), on the cosine, at the progress
+
+$$p = \frac{t - T_w}{T - T_w} = \frac{200 - 20}{300 - 20} = \frac{180}{280} = 0.642857,$$
+
+$$f(200) = r + (1 - r)\,\tfrac12\bigl(1 + \cos \pi p\bigr) = 0.1 + 0.9 \cdot \tfrac12 \bigl(1 + \cos 2.01960\bigr)
+= 0.1 + 0.45 \cdot (1 - 0.43388) = 0.35475 \approx 0.355 .$$
+
+AdamW's peak rate $3 \cdot 10^{-3}$ is then $1.06 \cdot 10^{-3}$. Measuring the progress from step 0
+($200 / 300$, $\cos(2\pi/3) = -0.5$: $0.325$) or dropping the floor ($\tfrac12(1 + \cos \pi p) = 0.283$) is
+rejected.""", '''
+import math
+
+from mimo_kit.optim import lr_factor
+from mimo_kit.pretrain import PretrainConfig
+
+pre = PretrainConfig.preset("tiny")
+T, Tw, r, t = pre.steps, pre.optim.warmup_steps, pre.optim.min_lr_ratio, 200
+progress = (t - Tw) / (T - Tw)
+answer_4 = r + (1 - r) * 0.5 * (1 + math.cos(math.pi * progress))
+print(f"T = {T}, T_w = {Tw}, r = {r}: progress {progress:.6f}, factor {answer_4:.6f}")
+kit = lr_factor(t, T, pre.optim)
+print("lr_factor:", kit)
+assert abs(kit - answer_4) < 1e-12''', '''
+assert exercise("ch03", 4).accepts(answer_4)
+assert exercise("ch03", 4).accepts(0.355)
+assert not exercise("ch03", 4).accepts(round(r + (1 - r) * 0.5 * (1 + math.cos(math.pi * t / T)), 3))  # from step 0
+assert not exercise("ch03", 4).accepts(round(0.5 * (1 + math.cos(math.pi * progress)), 3))  # the floor dropped'''),
+    Key(5, r"""
+Run Newton–Schulz (section 3: divide by the Frobenius norm, then $K = 5$ steps of the quintic) on the 2 × 2 gradient
+$G = \mathrm{diag}(0.6, 0.08)$, one strong and one weak direction. What are the two diagonal entries of
+$\mathrm{NS}_5(G)$? Each singular value follows the scalar map $\varphi$; check with `newton_schulz`. Give both, in
+the order of $G$'s diagonal, each to 3 decimals, correctly rounded.""", r"""
+$G$ is diagonal, so its singular values are its diagonal entries, and every step keeps it diagonal: each entry
+follows $\varphi(\sigma) = a\sigma + b\sigma^3 + c\sigma^5$ with $(a, b, c) = (3.4445, -4.7750, 2.0315)$. First the
+normalisation, $\lVert G \rVert_F = \sqrt{0.6^2 + 0.08^2} = \sqrt{0.3664} = 0.60531$:
+
+$$\sigma_0 = (0.6 / 0.60531,\ 0.08 / 0.60531) = (0.99123,\ 0.13216).$$
+
+Then five steps of $\varphi$:
+
+| step | strong | weak |
+|---|---|---|
+| 1 | 0.70779 | 0.44430 |
+| 2 | 1.10572 | 1.14676 |
+| 3 | 0.71118 | 0.77789 |
+| 4 | 1.10169 | 1.01044 |
+| 5 | 0.70687 | 0.69413 |
+
+so $\mathrm{NS}_5(G) = \mathrm{diag}(0.707, 0.694)$. A 7.5 : 1 spread of the input leaves as 1.02 : 1; the values
+oscillate in the band around 1 (about 0.7 to 1.2) instead of landing on it, which Muon tolerates. Skipping the
+normalisation (starting from 0.6 and 0.08: $(0.723, 0.952)$) is rejected, as is the exact orthogonal factor
+$(1, 1)$.""", '''
+from mimo_kit.optim import newton_schulz
+from mimo_kit.optim.muown import NS_COEFFICIENTS
+
+a, b, c = 3.4445, -4.7750, 2.0315
+assert (a, b, c) == NS_COEFFICIENTS
+diag = [0.6, 0.08]
+norm = sum(x * x for x in diag) ** 0.5
+sigma = [x / norm for x in diag]
+print("normalised:", [round(x, 5) for x in sigma])
+for step in range(1, 6):
+    sigma = [a * x + b * x**3 + c * x**5 for x in sigma]
+    print(f"step {step}:", [round(x, 5) for x in sigma])
+answer_5 = sigma
+kit = newton_schulz(torch.diag(torch.tensor(diag, dtype=torch.float64)), dtype=torch.float64)
+print("newton_schulz diagonal:", kit.diagonal().tolist())
+assert torch.allclose(kit.diagonal(), torch.tensor(answer_5, dtype=torch.float64))''', '''
+assert exercise("ch03", 5).accepts(answer_5)
+assert exercise("ch03", 5).accepts([0.707, 0.694])
+raw = diag
+for _ in range(5):
+    raw = [a * x + b * x**3 + c * x**5 for x in raw]
+assert not exercise("ch03", 5).accepts([round(x, 3) for x in raw])  # the Frobenius normalisation skipped
+assert not exercise("ch03", 5).accepts([1.0, 1.0])  # the exact orthogonal factor'''),
 ])
 
 CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP + '''

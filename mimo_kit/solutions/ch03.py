@@ -18,4 +18,17 @@ def solution(n: int):
         from mimo_kit.optim.mxfp4 import qdq
 
         return qdq(torch.tensor([3.0, 0.7] + [0.0] * 30))[1].item()
-    raise ValueError(f"chapter 3 has exercises 1-3, not {n!r}")
+    if n == 4:  # the tiny pre-training schedule's lr factor at step 200 of 300 (warm-up 20, cosine floor 0.1)
+        from mimo_kit.optim import lr_factor
+        from mimo_kit.pretrain import PretrainConfig
+
+        cfg = PretrainConfig.preset("tiny")
+        return lr_factor(200, cfg.steps, cfg.optim)
+    if n == 5:  # Newton-Schulz (5 quintic steps) of G = diag(0.6, 0.08): the output's diagonal
+        import torch
+
+        from mimo_kit.optim import newton_schulz
+
+        return newton_schulz(torch.diag(torch.tensor([0.6, 0.08], dtype=torch.float64)),
+                             dtype=torch.float64).diagonal().tolist()
+    raise ValueError(f"chapter 3 has exercises 1-5, not {n!r}")
