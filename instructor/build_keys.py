@@ -944,6 +944,78 @@ print(f"q = {q:.6f}  mean-based {math.ceil(B / q)}  P(>= 64) at {n - 1}: {at_lea
 answer_5 = n''', '''
 assert exercise("ch04c", 5).accepts(answer_5)
 assert not exercise("ch04c", 5).accepts(math.ceil(B / q))  # the mean, not 90% confidence'''),
+    Key(6, r"""
+A failing rollout has sequence advantage $A_i = -1.8$ and 24 trained tokens, 3 of them error tokens. With the default
+segment-penalty constants (κ = 2, α_max = 3, β_min = 0.5), what advantage does one of its error tokens get, and one
+of its normal tokens? Give [error token, normal token], each to 3 decimals (correctly rounded), and check that the
+rollout's total stays $n A_i$.""", r"""
+The rollout failed with $A_i = -1.8 < 0$, so its error tokens are amplified, and bounded below by $-\alpha_{\max}$:
+
+$$A_{\mathrm{err}} = \min\big(A_i,\ \max(\kappa A_i, -\alpha_{\max})\big) = \min\big(-1.8,\ \max(-3.6, -3)\big) = -3 .$$
+
+Here $\alpha_{\max}$ binds: $\kappa A_i = -3.6$ would go below $-3$. The $n_{\mathrm{norm}} = 24 - 3 = 21$ normal
+tokens are eased by
+
+$$\beta_i = \operatorname{clip}\Big(\frac{n - n_{\mathrm{err}} A_{\mathrm{err}} / A_i}{n_{\mathrm{norm}}},\
+\beta_{\min},\ 1\Big) = \operatorname{clip}\Big(\frac{24 - 3 \cdot 3 / 1.8}{21},\ 0.5,\ 1\Big)
+= \frac{24 - 5}{21} = \frac{19}{21} = 0.90476,$$
+
+inside $[0.5, 1]$, so a normal token gets $\beta_i A_i = 0.90476 \cdot (-1.8) = -1.62857 \approx -1.629$. The total
+stays $n A_i$: $3 \cdot (-3) + 21 \cdot (-1.62857) = -9 - 34.2 = -43.2 = 24 \cdot (-1.8)$. The answer is
+$[-3.000, -1.629]$. Forgetting the bound ($\kappa A_i = -3.6$ on the error tokens, then $\beta_i = 18/21$ and
+$-1.543$ on the normal ones) and leaving the normal tokens at $A_i = -1.8$ are rejected.""", '''
+A, n, n_err = -1.8, 24, 3
+kappa, alpha_max, beta_min = 2.0, 3.0, 0.5
+a_err = min(A, max(kappa * A, -alpha_max))
+n_norm = n - n_err
+beta = min(1.0, max(beta_min, (n - n_err * a_err / A) / n_norm))
+normal = beta * A
+print(f"A_err {a_err}  beta {beta:.5f}  normal {normal:.5f}  total {n_err * a_err + n_norm * normal:.4f} = n A "
+      f"{n * A:.4f}")
+assert abs(n_err * a_err + n_norm * normal - n * A) < 1e-9
+answer_6 = [round(a_err, 3), round(normal, 3)]
+uncapped = kappa * A  # the alpha_max bound forgotten
+uncapped_normal = min(1.0, max(beta_min, (n - n_err * uncapped / A) / n_norm)) * A
+print(answer_6, " without the bound:", [uncapped, round(uncapped_normal, 3)])''', '''
+assert exercise("ch04c", 6).accepts(answer_6)
+assert exercise("ch04c", 6).accepts([a_err, normal])  # unrounded
+assert not exercise("ch04c", 6).accepts([uncapped, round(uncapped_normal, 3)])  # alpha_max forgotten
+assert not exercise("ch04c", 6).accepts([round(a_err, 3), A])  # normal tokens not eased'''),
+    Key(7, r"""
+The entropy controller runs with the default `ClipConfig` (ε_high starts at 0.28, η = 0.8, k = 0.1, ε_min = 0.2,
+ε_max = 0.4). The first four RL batches have mean token entropies 2.5, 2.35, 1.55 and 1.3 nats. What is ε_high
+after the fourth batch? (3 decimals, correctly rounded)""", r"""
+The target is fixed at the first batch: $H^{*} = \eta \cdot \bar H_1 = 0.8 \cdot 2.5 = 2.0$ nats. Each batch then
+sets $\varepsilon_{\text{high}} \leftarrow \operatorname{clip}\big(\varepsilon_{\text{high}} + k\,(H^{*} - \bar H),\
+0.2,\ 0.4\big)$, the first batch included:
+
+| batch | $\bar H$ | $k\,(H^{*} - \bar H)$ | $\varepsilon_{\text{high}}$ |
+|---|---|---|---|
+| 1 | 2.5 | $-0.05$ | $0.28 - 0.05 = 0.23$ |
+| 2 | 2.35 | $-0.035$ | $0.23 - 0.035 = 0.195 \to 0.2$ (the floor $\varepsilon_{\min}$) |
+| 3 | 1.55 | $+0.045$ | $0.2 + 0.045 = 0.245$ |
+| 4 | 1.3 | $+0.07$ | $0.245 + 0.07 = 0.315$ |
+
+so ε_high = **0.315**. Without the floor at batch 2 one gets $0.195 + 0.045 + 0.07 = 0.31$; the fixed target
+`entropy_target` = 0.3 nats (used only when the ratio is 0) keeps ε_high at its floor, 0.2. Both are rejected.""",
+        '''
+eps, k, eta, lo, hi = 0.28, 0.1, 0.8, 0.2, 0.4
+entropies = [2.5, 2.35, 1.55, 1.3]
+target = eta * entropies[0]
+free = eps  # the same steps without the clip to [lo, hi]
+fixed = eps  # a fixed target of 0.3 nats instead of eta times the first batch's entropy
+for h in entropies:
+    eps = min(hi, max(lo, eps + k * (target - h)))
+    free += k * (target - h)
+    fixed = min(hi, max(lo, fixed + k * (0.3 - h)))
+    print(f"entropy {h}: eps_high {eps:.4f}")
+answer_7 = round(eps, 3)
+print("target", target, "->", answer_7, " without the floor:", round(free, 3), " fixed target:", round(fixed, 3))''',
+        '''
+assert exercise("ch04c", 7).accepts(answer_7)
+assert exercise("ch04c", 7).accepts(eps)  # unrounded
+assert not exercise("ch04c", 7).accepts(round(free, 3))  # the floor forgotten
+assert not exercise("ch04c", 7).accepts(round(fixed, 3))  # a fixed target'''),
 ])
 
 CH05A = Chapter("ch05a_rl_experiments", "ch05a", "Chapter 5a · The report's RL experiments", SETUP + '''

@@ -359,6 +359,9 @@ _ALL = [
     Exercise("ch04c", 3, "a penalty to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch04c", 4, "a loss to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch04c", 5, "an integer number of prompts, from the exact binomial tail"),
+    Exercise("ch04c", 6, "[an error token's advantage, a normal token's advantage], each to 3 decimals (or more, "
+             "correctly rounded)", decimals=3),
+    Exercise("ch04c", 7, "ε_high to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch05a", 1, "an integer"),
     Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),

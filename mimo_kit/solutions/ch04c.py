@@ -9,6 +9,8 @@ def solution(n: int):
     import torch
 
     from mimo_kit.rl import (
+        ClipConfig,
+        EntropyClipController,
         aggregate_loss,
         gar_redistribute,
         grpo_advantages,
@@ -16,6 +18,7 @@ def solution(n: int):
         keep_probability,
         length_penalty,
         prompts_to_draw,
+        segment_advantages,
     )
 
     if n == 1:  # uncapped GAR on rewards [1, 1, 0, 0] with f = [1, 0.5]: the two passes' new advantages
@@ -34,7 +37,15 @@ def solution(n: int):
         return float(aggregate_loss(loss, mask, torch.tensor([0, 0, 1]), "prompt-mean"))
     if n == 5:  # prompts to draw for 64 kept groups at pass rate 0.9, group size 8, 90% confidence
         return prompts_to_draw(64, keep_probability(0.9, 8), confidence=0.9)
-    raise ValueError(f"chapter 4c has exercises 1-5, not {n!r}")
+    if n == 6:  # segment penalty of a failure, A_i = −1.8, 24 trained tokens of which 3 are error tokens, defaults
+        err = torch.zeros(1, 24, dtype=torch.bool)
+        err[0, :3] = True
+        tok = segment_advantages(torch.tensor([-1.8]), err, torch.ones(1, 24, dtype=torch.bool), torch.tensor([False]))
+        return [float(tok[0, 0]), float(tok[0, -1])]  # [an error token, a normal token]
+    if n == 7:  # ε_high after batches of mean entropy 2.5, 2.35, 1.55, 1.3 nats, the default ClipConfig
+        ctl = EntropyClipController.from_config(ClipConfig())
+        return [ctl.update(h) for h in (2.5, 2.35, 1.55, 1.3)][-1]
+    raise ValueError(f"chapter 4c has exercises 1-7, not {n!r}")
 
 
 def alternatives(n: int) -> list:
