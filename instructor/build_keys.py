@@ -1194,6 +1194,74 @@ answer_3 = sorted(i for i, d in enumerate(domains) if ROUTES[d] == "sft")
 print(answer_3)''', '''
 assert exercise("ch05b", 3).accepts(answer_3)
 assert not exercise("ch05b", 3).accepts([i for i, d in enumerate(domains) if ROUTES[d] == "rl"])  # the RL teacher'''),
+    Key(4, r"""
+A teacher is bimodal, $\pi_T = (0.49, 0.49, 0.02)$. Student A sits on one mode, $\pi_A = (0.98, 0.01, 0.01)$; student
+B spreads out, $\pi_B = (0.34, 0.33, 0.33)$. What are their reverse KLs $[\mathrm{KL}(\pi_A\|\pi_T),
+\mathrm{KL}(\pi_B\|\pi_T)]$ in nats (each to 3 decimals, correctly rounded)? Which student does the OPD loss prefer,
+and which would the forward KL $\mathrm{KL}(\pi_T\|\cdot)$ prefer?""", r"""
+The reverse KL is an expectation under the student,
+$\mathrm{KL}(\pi\|\pi_T) = \sum_v \pi(v) \ln\frac{\pi(v)}{\pi_T(v)}$:
+
+$$\mathrm{KL}(\pi_A\|\pi_T) = 0.98 \ln\tfrac{0.98}{0.49} + 0.01 \ln\tfrac{0.01}{0.49} + 0.01 \ln\tfrac{0.01}{0.02}
+= 0.67929 - 0.03892 - 0.00693 = 0.63343 \approx 0.633,$$
+
+$$\mathrm{KL}(\pi_B\|\pi_T) = 0.34 \ln\tfrac{0.34}{0.49} + 0.33 \ln\tfrac{0.33}{0.49} + 0.33 \ln\tfrac{0.33}{0.02}
+= -0.12426 - 0.13046 + 0.92511 = 0.67040 \approx 0.670 .$$
+
+The answer is $[0.633, 0.670]$. *Which is preferred (model answer).* The OPD loss (the reverse KL) prefers **A**,
+which drops one of the teacher's modes: B pays for the mass 0.33 it puts where the teacher has 0.02. That is the
+mode-seeking of the reverse KL. The forward KL prefers **B**: $\mathrm{KL}(\pi_T\|\pi_A) = 1.581$ (A has 0.01 where
+the teacher has 0.49) against $\mathrm{KL}(\pi_T\|\pi_B) = 0.317$, mass-covering. The forward values are
+rejected.""", '''
+teacher = [0.49, 0.49, 0.02]
+students = {"A": [0.98, 0.01, 0.01], "B": [0.34, 0.33, 0.33]}
+reverse = {k: sum(p * math.log(p / q) for p, q in zip(s, teacher)) for k, s in students.items()}
+forward = {k: sum(q * math.log(q / p) for p, q in zip(s, teacher)) for k, s in students.items()}
+print("reverse KL(student || teacher):", reverse, " forward KL(teacher || student):", forward)
+answer_4 = [round(reverse["A"], 3), round(reverse["B"], 3)]
+print(answer_4, "-> the OPD loss prefers", min(reverse, key=reverse.get), "; the forward KL prefers",
+      min(forward, key=forward.get))''', '''
+assert exercise("ch05b", 4).accepts(answer_4)
+assert exercise("ch05b", 4).accepts([reverse["A"], reverse["B"]])  # unrounded
+assert not exercise("ch05b", 4).accepts([round(forward["A"], 3), round(forward["B"], 3)])  # the forward KL'''),
+    Key(5, r"""
+A batch has three student rows: rows 0 and 1 answer prompt 0, row 2 answers prompt 1. Row 0's two tokens have student
+log-probs (−0.2, −1.5) and teacher log-probs (−0.3, −0.4); row 1's four tokens (−0.6, −0.9, −0.3, −0.2) and (−0.2,
+−0.5, −0.3, −0.4); row 2's three tokens (−0.1, −0.4, −0.05) and (−0.6, −0.2, −0.3). What is the value of the OPD loss
+aggregated prompt-mean, as the kit trains it (4 decimals, correctly rounded)? Why can it be negative when a KL
+cannot?""", r"""
+The per-token loss has the value $k_t = \log \pi_s(y_t) - \log \pi_T(y_t)$ (its ratio is 1):
+row 0 $(0.1, -1.1)$, row 1 $(-0.4, -0.4, 0, 0.2)$, row 2 $(0.5, -0.2, 0.25)$. Prompt-mean averages the tokens of
+each prompt, then the prompts:
+
+$$\text{prompt 0: } \frac{0.1 - 1.1 - 0.4 - 0.4 + 0 + 0.2}{6} = \frac{-1.6}{6} = -0.26667, \qquad
+\text{prompt 1: } \frac{0.5 - 0.2 + 0.25}{3} = \frac{0.55}{3} = 0.18333,$$
+
+$$\mathcal{L} = \frac{-0.26667 + 0.18333}{2} = -0.04167 \approx -0.0417 .$$
+
+*Why negative (model answer).* $k_t$ is a one-sample estimate: it is negative on every token the teacher finds more
+likely than the student does (row 0's second token, $-1.1$). Only its expectation over $y_t \sim \pi_s$ is the
+reverse KL, which is $\ge 0$; a handful of sampled tokens can average below zero. Token-mean
+($-1.05 / 9 = -0.1167$) and seq-mean ($(-0.5 - 0.15 + 0.18333) / 3 = -0.1556$) are rejected.""", '''
+rows = [  # (prompt, student log-probs, teacher log-probs)
+    (0, [-0.2, -1.5], [-0.3, -0.4]),
+    (0, [-0.6, -0.9, -0.3, -0.2], [-0.2, -0.5, -0.3, -0.4]),
+    (1, [-0.1, -0.4, -0.05], [-0.6, -0.2, -0.3]),
+]
+k = [[s - t for s, t in zip(ss, ts)] for _, ss, ts in rows]
+prompts = sorted({g for g, _, _ in rows})
+per_prompt = [sum(sum(kr) for (g, _, _), kr in zip(rows, k) if g == p)
+              / sum(len(kr) for (g, _, _), kr in zip(rows, k) if g == p) for p in prompts]
+answer_5 = sum(per_prompt) / len(per_prompt)
+token_mean = sum(map(sum, k)) / sum(map(len, k))
+seq_mean = sum(sum(kr) / len(kr) for kr in k) / len(k)
+print("k_t:", [[round(x, 2) for x in kr] for kr in k], " per prompt:", per_prompt)
+print(f"prompt-mean {answer_5:.5f}  token-mean {token_mean:.5f}  seq-mean {seq_mean:.5f}")''', '''
+assert exercise("ch05b", 5).accepts(answer_5)
+assert exercise("ch05b", 5).accepts(round(answer_5, 4))
+assert not exercise("ch05b", 5).accepts(round(token_mean, 4))  # token-mean
+assert not exercise("ch05b", 5).accepts(round(seq_mean, 4))  # seq-mean
+assert not exercise("ch05b", 5).accepts(round(-answer_5, 4))  # teacher minus student'''),
 ])
 
 CH06 = Chapter("ch06_infrastructure", "ch06", "Chapter 6 · RL infrastructure", SETUP, [

@@ -22,4 +22,15 @@ def solution(n: int):
         from mimo_kit.train.mopd import ROUTES
 
         return opd.route_teachers(["open", "verifiable", "open", "open"], ROUTES)["sft"]
-    raise ValueError(f"chapter 5b has exercises 1-3, not {n!r}")
+    if n == 4:  # exact reverse KL to the bimodal teacher (0.49, 0.49, 0.02) of students A = (.98, .01, .01) and
+        # B = (.34, .33, .33), nats, 3 decimals
+        t = torch.tensor([0.49, 0.49, 0.02]).log()  # log-probs are logits: log_softmax leaves them as they are
+        students = ([0.98, 0.01, 0.01], [0.34, 0.33, 0.33])
+        return [float(opd.reverse_kl_exact(torch.tensor(s).log(), t)) for s in students]
+    if n == 5:  # the OPD loss, prompt-mean: rows 0 and 1 answer prompt 0, row 2 prompt 1 (student, teacher log-probs)
+        student = torch.tensor([[-0.2, -1.5, 0, 0], [-0.6, -0.9, -0.3, -0.2], [-0.1, -0.4, -0.05, 0]])
+        teacher = torch.tensor([[-0.3, -0.4, 0, 0], [-0.2, -0.5, -0.3, -0.4], [-0.6, -0.2, -0.3, 0]])
+        mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.bool)
+        loss, _ = opd.opd_batch_loss(student, teacher, mask, torch.tensor([0, 0, 1]), "prompt-mean")
+        return float(loss)
+    raise ValueError(f"chapter 5b has exercises 1-5, not {n!r}")
