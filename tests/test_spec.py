@@ -231,6 +231,7 @@ def test_measure_alternates_rounds_and_reports_medians_with_their_range():
     for drafter in (make_drafter("block", 4, bb, 4), make_drafter("mtp", 4, bb, 4)):
         row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3)
         assert row["rounds"] == 3 and row["block"] == 4 and row["accepted_length"] >= 1
+        assert row["draft_rounds"] >= len(prompts) and row["accepted_length_se"] >= 0
         for key in ("plain_tok_s", "spec_tok_s", "speedup"):
             lo, hi = row[f"{key}_range"]
             assert lo <= row[key] <= hi
@@ -260,3 +261,14 @@ def test_throughput_ratios_pair_two_drafters_round_by_round_and_markdown_shows_t
            "accepted_length_sd": 0.25, "plain_tok_s": 100.0, "spec_tok_s": 90.0, "speedup": 0.9,
            "speedup_range": (0.8, 1.0)}
     assert "| 3 | 1.50 ± 0.25 |" in markdown([row]) and "0.90 (0.80–1.00)×" in markdown([row])
+
+
+def test_step_costs_give_each_median_with_its_quartiles():
+    from mimo_kit.speculative.bench import step_costs
+
+    bb = backbone(4)
+    prompt = torch.randint(0, 512, (20,), generator=torch.Generator().manual_seed(5))
+    quartiles = {}
+    costs = step_costs(bb, {"block B=4": make_drafter("block", 4, bb, 4)}, prompt, (4,), reps=8, quartiles=quartiles)
+    assert set(costs) == set(quartiles) == {"backbone 1 token", "backbone 4 tokens", "block B=4 propose"}
+    assert all(quartiles[k][0] <= costs[k] <= quartiles[k][1] for k in costs)

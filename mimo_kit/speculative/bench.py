@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import statistics
 import time
 
@@ -117,7 +118,9 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
 
     Each of ``rounds`` rounds decodes every prompt plainly (:func:`mimo_kit.model.generate`) and speculatively,
     alternating, so slow phases of a shared machine hit both; tok/s and their ratio are per round, reported as
-    median and min–max over rounds.
+    median and min–max over rounds. The accepted length is the mean tokens per draft round (one backbone pass) over
+    the ``draft_rounds`` of every prompt, with ``accepted_length_se``, the standard error of that mean: a yardstick
+    for comparing two measurements on the same prompts, not a test (a prompt's rounds are not independent).
     """
     K = drafter.num_drafts
     plain, spec, ratio, lengths = [], [], [], []
@@ -144,6 +147,8 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
             progress(f"round {r + 1}/{rounds}: plain {plain[-1]:.0f} tok/s, speculative {spec[-1]:.0f} tok/s")
     return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
             "temperature": temperature, "accepted_length": statistics.mean(lengths),
+            "accepted_length_se": statistics.stdev(lengths) / math.sqrt(len(lengths)) if len(lengths) > 1 else 0.0,
+            "draft_rounds": len(lengths),
             "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
             "speedup": statistics.median(ratio), "plain_tok_s_range": (min(plain), max(plain)),
             "spec_tok_s_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
@@ -152,9 +157,16 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
 
 @torch.no_grad()
 def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: torch.Tensor,
-               block_sizes: tuple[int, ...], reps: int = 30) -> dict[str, float]:
+               block_sizes: tuple[int, ...], reps: int = 30, quartiles: dict | None = None) -> dict[str, float]:
     """Median milliseconds of one backbone forward of 1 token and of B tokens after ``prompt`` [T] (the cost of a
-    decode step and of verifying a block), and of one ``propose`` per drafter."""
+    decode step and of verifying a block), and of one ``propose`` per drafter. A ``quartiles`` dict is filled with
+    each call's (25th, 75th percentile) in milliseconds: how far two medians must differ to tell them apart."""
+    quartiles = {} if quartiles is None else quartiles
+
+    def q(ts: list[float]) -> tuple[float, float]:
+        q1, _, q3 = statistics.quantiles(ts, n=4)
+        return 1e3 * q1, 1e3 * q3
+
     T = prompt.shape[0]
     cache = backbone.new_cache(slack=max(block_sizes))
     out = backbone(prompt[None], cache, output_hidden_states=True)
@@ -167,6 +179,7 @@ def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: 
             ts.append(time.perf_counter() - start)
             cache.rollback(L)
         costs[f"backbone {L} token{'s' if L > 1 else ''}"] = 1e3 * statistics.median(ts)
+        quartiles[f"backbone {L} token{'s' if L > 1 else ''}"] = q(ts)
     for name, drafter in drafters.items():
         state, ts = drafter.begin(backbone, out, prompt[None]), []
         for _ in range(reps):
@@ -174,6 +187,7 @@ def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: 
             drafter.propose(backbone, state, int(prompt[-1]), T)
             ts.append(time.perf_counter() - start)
         costs[f"{name} propose"] = 1e3 * statistics.median(ts)
+        quartiles[f"{name} propose"] = q(ts)
     return costs
 
 
@@ -233,8 +247,9 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                                 out_dir=drafter_dir(cfg, "mtp", B, s))
             drafters.setdefault(f"MTP B={B}", []).append(trained["drafter"])
             mtp_logs.setdefault(B, []).append(trained["log"])
+    cost_quartiles: dict[str, tuple[float, float]] = {}
     costs = step_costs(backbone, {k: v[0] for k, v in drafters.items()}, prompts[0],
-                       tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})))
+                       tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})), quartiles=cost_quartiles)
     per: dict[tuple[str, float, int], list[dict]] = {}
     for s in range(n_seeds(cfg)):
         for T in cfg.temperatures:
@@ -265,8 +280,8 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                                                     for k in range(K)],
                          "acceptance_by_position_by_seed": [r["acceptance_by_position"] for r in mine]})
     return {"rows": rows, "seed_rows": seed_rows, "drafter_logs": logs, "mtp_logs": mtp_logs, "backbone": backbone,
-            "seeds": n_seeds(cfg), "costs": costs, "drafters": {k: v[0] for k, v in drafters.items()},
-            "drafters_by_seed": drafters}
+            "seeds": n_seeds(cfg), "costs": costs, "cost_quartiles": cost_quartiles,
+            "drafters": {k: v[0] for k, v in drafters.items()}, "drafters_by_seed": drafters}
 
 
 def throughput_ratios(seed_rows: list[dict], a: str, b: str, temperature: float) -> list[float]:
