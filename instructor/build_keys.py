@@ -1324,6 +1324,70 @@ print(answer_3)''', '''
 assert exercise("ch06", 3).accepts(answer_3)
 assert not exercise("ch06", 3).accepts([2, 5])  # stopped below 0.9
 assert not exercise("ch06", 3).accepts(kept)  # not sorted'''),
+    Key(4, r"""
+SGLang returns the top-5 tokens of a step with probabilities 0.5 (id 7), 0.2 (id 3), 0.15 (id 11), 0.1 (id 4),
+0.05 (id 8); the request asks for top-k 3 and top-p 0.75. Which ids form the sampling set (a sorted list)? Mind the
+order in `topp_from_top_logprobs`: the top-k cut renormalises before top-p is applied.""", r"""
+Top-k 3 keeps ids 7, 3, 11 and renormalises over their mass $Z = 0.5 + 0.2 + 0.15 = 0.85$:
+$p' = (0.5, 0.2, 0.15) / 0.85 = (0.588, 0.235, 0.176)$. Top-p then keeps a token while the renormalised mass before
+it is below 0.75: id 7 (mass before 0), id 3 (mass before $0.588 < 0.75$), and stops at id 11 (mass before
+$0.588 + 0.235 = 0.824 \ge 0.75$). The set is $\{7, 3\}$, sorted $[3, 7]$.
+
+Applying top-p to the raw probabilities instead ($0.5 + 0.2 = 0.7 < 0.75$, so id 11 stays) gives $[3, 7, 11]$:
+rejected. The renormalisation raises every kept token's share, so the top-p cut comes earlier.""", '''
+top = [(0.5, 7), (0.2, 3), (0.15, 11), (0.1, 4), (0.05, 8)]
+top_k, top_p = 3, 0.75
+head = sorted(top, reverse=True)[:top_k]
+z = sum(prob for prob, _ in head)
+kept, before = [], 0.0
+for prob, token in head:
+    if before >= top_p:
+        break
+    kept.append(token)
+    before += prob / z
+    print(f"id {token}: p' = {prob / z:.3f}, cumulative {before:.3f}")
+answer_4 = sorted(kept)
+raw, before = [], 0.0  # the mistake: top-p on the un-renormalised probabilities
+for prob, token in head:
+    if before >= top_p:
+        break
+    raw.append(token)
+    before += prob
+print(answer_4, "without the renormalisation:", sorted(raw))''', '''
+assert exercise("ch06", 4).accepts(answer_4)
+assert not exercise("ch06", 4).accepts(sorted(raw))  # top-p on the raw probabilities
+assert not exercise("ch06", 4).accepts([7])  # stopped one token early'''),
+    Key(5, r"""
+Back to exercise 3's step: the engine samples id 2 from the top-p 0.9 set $\{5, 2, 9\}$ and records its log-prob
+renormalised over that set; the trainer, without top-p replay, scores the full softmax. What is this token's k3 term
+$e^{\Delta} - \Delta - 1$, $\Delta = \log\pi_{train} - \log\pi_{rollout}$ (5 decimals, correctly rounded)? Would it
+differ for id 5 or id 9?""", r"""
+The set's mass is $S = 0.6 + 0.25 + 0.1 = 0.95$. The engine records $\log\pi_{rollout} = \log(0.25 / S)$, the
+trainer $\log\pi_{train} = \log 0.25$, so
+
+$$\Delta = \log 0.25 - \log\frac{0.25}{0.95} = \log 0.95 = -0.051293,$$
+$$e^{\Delta} - \Delta - 1 = 0.95 + 0.051293 - 1 = 0.001293 \approx 0.00129 .$$
+
+The token's own probability cancels: every token of the set has $\Delta = \log S$, so ids 5 and 9 give the same
+term (the renormalisation is one shift per step, which top-p replay removes). The k1 term $-\Delta = 0.05129$, or
+the sign flipped ($\Delta = +0.051293$: $e^{0.051293} - 0.051293 - 1 = 0.00134$), is rejected.""", '''
+import math
+
+probs = {5: 0.6, 2: 0.25, 9: 0.1, 1: 0.05}
+S = probs[5] + probs[2] + probs[9]  # exercise 3's top-p 0.9 set
+per_token = {}
+for token in (5, 2, 9):
+    train, rollout = math.log(probs[token]), math.log(probs[token] / S)
+    delta = train - rollout
+    per_token[token] = math.exp(delta) - delta - 1
+    print(f"id {token}: delta {delta:.6f}  k3 {per_token[token]:.6f}")
+answer_5 = per_token[2]
+flipped = math.exp(-math.log(S)) + math.log(S) - 1  # delta with the wrong sign
+print(f"k3 {answer_5:.6f}  (sign flipped: {flipped:.6f}, k1: {-math.log(S):.6f})")''', '''
+assert exercise("ch06", 5).accepts(answer_5)
+assert exercise("ch06", 5).accepts(round(answer_5, 5))
+assert not exercise("ch06", 5).accepts(round(flipped, 5))  # the sign of Δ flipped
+assert not exercise("ch06", 5).accepts(round(-math.log(S), 5))  # the k1 term instead of k3'''),
 ])
 
 CH07 = Chapter("ch07_open_foundations", "ch07", "Chapter 7 · Open foundations", '''

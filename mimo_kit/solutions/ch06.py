@@ -18,4 +18,19 @@ def solution(n: int):
     if n == 3:  # the top-p 0.9 set from SGLang's top-4 logprobs (probabilities 0.6, 0.25, 0.1, 0.05)
         top = [(math.log(0.6), 5), (math.log(0.25), 2), (math.log(0.1), 9), (math.log(0.05), 1)]
         return sorted(topp_from_top_logprobs(top, top_p=0.9)[0])
-    raise ValueError(f"chapter 6 has exercises 1-3, not {n!r}")
+    if n == 4:  # top-k 3 then top-p 0.75 over SGLang's top-5 (probabilities 0.5, 0.2, 0.15, 0.1, 0.05)
+        top = [(math.log(0.5), 7), (math.log(0.2), 3), (math.log(0.15), 11), (math.log(0.1), 4), (math.log(0.05), 8)]
+        ids, exact = topp_from_top_logprobs(top, top_p=0.75, top_k=3)
+        assert exact
+        return sorted(ids)
+    if n == 5:  # k3 of id 2 in exercise 3's top-p 0.9 set: rollout log-prob renormalised over the set, trainer full
+        import torch
+
+        from mimo_kit.rl.losses import kl_k3
+
+        probs = {5: 0.6, 2: 0.25, 9: 0.1, 1: 0.05}
+        kept = topp_from_top_logprobs([(math.log(q), i) for i, q in probs.items()], top_p=0.9)[0]
+        train = torch.tensor(math.log(probs[2]), dtype=torch.float64)
+        rollout = train - math.log(sum(probs[i] for i in kept))
+        return float(kl_k3(rollout, train))  # samples from the rollout engine: KL(π_rollout ‖ π_train)
+    raise ValueError(f"chapter 6 has exercises 1-5, not {n!r}")
