@@ -252,6 +252,83 @@ answer_3 = n_layers * (window - 1) + 1
 print(answer_3)''', '''
 assert exercise("ch02a", 3).accepts(answer_3)
 assert not exercise("ch02a", 3).accepts(n_layers * window)  # the query counted 39 times'''),
+    Key(4, r"""
+A SWA query sees 4 keys whose scaled scores $s_{ij}$ are 0.0, 0.5, 1.0 and 2.0, and its head's sink logit is 1.0.
+What share $\pi_i$ of its attention does the sink absorb? Work it out with the equation of section 2, then check
+with `sink_attention` (values of 1 make the output $1 - \pi_i$). Give the share (a ratio, not a percent) to 3
+decimals, correctly rounded.""", r"""
+The sink joins the softmax's denominator as one more logit and brings no value:
+
+$$\pi_i = \frac{e^{\text{sink}_h}}{e^{\text{sink}_h} + \sum_{j \in \mathcal{W}(i)} e^{s_{ij}}}
+= \frac{e^{1}}{e^{1} + e^{0} + e^{0.5} + e^{1} + e^{2}}
+= \frac{2.71828}{2.71828 + 1 + 1.64872 + 2.71828 + 7.38906} = \frac{2.71828}{15.47434} = 0.17566 \approx 0.176 .$$
+
+The four keys share the remaining $1 - \pi_i = 0.824$. Leaving the sink out of the denominator
+($2.71828 / 12.75606 = 0.213$) is rejected, and so is the percent ($17.6$).""", '''
+import math
+
+import torch
+from mimo_kit.model.attention import sink_attention
+
+scores, sink = [0.0, 0.5, 1.0, 2.0], 1.0
+denominator = math.exp(sink) + sum(math.exp(s) for s in scores)
+answer_4 = math.exp(sink) / denominator
+print("e^s:", [round(math.exp(s), 5) for s in scores], "denominator:", round(denominator, 5), "pi:", answer_4)
+q = torch.ones(1, 1, 1, 1, 1, dtype=torch.float64)  # one query, d = 1, scale 1: s_j = k_j
+k = torch.tensor(scores, dtype=torch.float64).view(1, 1, 4, 1)
+kit = 1 - sink_attention(q, k, torch.ones_like(k), None, torch.tensor([[sink]], dtype=torch.float64), 1.0).item()
+print("1 - sink_attention with values of 1:", kit)
+assert abs(kit - answer_4) < 1e-12''', '''
+assert exercise("ch02a", 4).accepts(answer_4)
+assert exercise("ch02a", 4).accepts(0.176)
+assert not exercise("ch02a", 4).accepts(round(math.exp(sink) / sum(math.exp(s) for s in scores), 3))  # no sink below
+assert not exercise("ch02a", 4).accepts(round(100 * answer_4, 1))  # a percent'''),
+    Key(5, r"""
+A token meets a router of 4 experts that picks 2 (the `tiny` preset with `n_routed_experts=4`): its router logits are
+$Wx = (2.0, 0.5, 0.0, 1.0)$ and the correction bias is $b = (-0.4, 0.05, 0.35, 0.0)$. Which two experts does it go
+to, and with which weights $g_e$? Answer with the weight of each of the 4 experts in order, 0 for an expert the
+token does not go to, each to 3 decimals, correctly rounded. Check with `TopkRouter`.""", r"""
+The router scores every expert on its own, $s = \sigma(Wx)$:
+
+$$s = (\sigma(2), \sigma(0.5), \sigma(0), \sigma(1)) = (0.8808, 0.6225, 0.5000, 0.7311).$$
+
+The bias only *selects*: $s + b = (0.4808, 0.6725, 0.8500, 0.7311)$, whose top-2 are experts 2 and 3 (expert 0,
+the highest score, is pushed out by its bias of $-0.4$). The weights are the chosen $s$, renormalised:
+
+$$g_2 = \frac{0.5}{0.5 + 0.7311} = 0.4062, \qquad g_3 = \frac{0.7311}{0.5 + 0.7311} = 0.5938,$$
+
+so the answer is `[0, 0, 0.406, 0.594]`. Choosing by $s$ alone (experts 0 and 3: `[0.547, 0, 0, 0.453]`) and
+weighting by $s + b$ ($0.85 / 1.5811 = 0.538$ and $0.462$) are the two slips the checker rejects.""", '''
+import math
+
+import torch
+from mimo_kit.model.moe import TopkRouter
+
+logits, bias, k = [2.0, 0.5, 0.0, 1.0], [-0.4, 0.05, 0.35, 0.0], 2
+s = [1 / (1 + math.exp(-z)) for z in logits]
+chosen = sorted(sorted(range(4), key=lambda e: s[e] + bias[e], reverse=True)[:k])
+answer_5 = [s[e] / sum(s[c] for c in chosen) if e in chosen else 0.0 for e in range(4)]
+print("s:", [round(x, 4) for x in s], "s + b:", [round(x + b, 4) for x, b in zip(s, bias)], "chosen:", chosen)
+print("weights per expert:", answer_5)
+tiny4 = MiMoConfig.preset("tiny", n_routed_experts=4)
+router = TopkRouter(tiny4)
+with torch.no_grad():
+    router.weight.zero_()
+    router.weight[:, :4] = torch.eye(4)  # W x = the first 4 entries of x
+    router.e_score_correction_bias.copy_(torch.tensor(bias))
+x = torch.zeros(1, tiny4.hidden_size)
+x[0, :4] = torch.tensor(logits)
+idx, weights = router(x)
+print("TopkRouter:", idx.tolist(), weights.tolist())
+assert sorted(idx[0].tolist()) == chosen''', '''
+assert exercise("ch02a", 5).accepts(answer_5)
+assert exercise("ch02a", 5).accepts([0, 0, 0.406, 0.594])
+top_s = sorted(range(4), key=lambda e: s[e], reverse=True)[:k]
+assert not exercise("ch02a", 5).accepts(  # the bias ignored: experts 0 and 3
+    [s[e] / sum(s[c] for c in top_s) if e in top_s else 0.0 for e in range(4)])
+biased = sum(s[c] + bias[c] for c in chosen)
+assert not exercise("ch02a", 5).accepts(  # weights from s + b
+    [(s[e] + bias[e]) / biased if e in chosen else 0.0 for e in range(4)])'''),
 ])
 
 CH02C = Chapter("ch02c_encoders", "ch02c", "Chapter 2c · The vision and audio encoders", """

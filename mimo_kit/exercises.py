@@ -327,8 +327,8 @@ _ALL = [
     Exercise("ch02a", 2, "billions to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 3, "an integer number of tokens"),
     Exercise("ch02a", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
-    Exercise("ch02a", 5, "[[the two experts, increasing], [their weights]], weights to 3 decimals (or more, correctly "
-             "rounded)", decimals=3),
+    Exercise("ch02a", 5, "four weights, one per expert (0 where it is not chosen), each to 3 decimals (or more, "
+             "correctly rounded)", decimals=3),
     Exercise("ch02b", 1, "tokens per round to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 2, "three probabilities, each to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 3, "a speedup to 2 decimals or more, correctly rounded", decimals=2),
