@@ -453,7 +453,7 @@ CH02B = Chapter("ch02b_speculative_decoding", "ch02b", "Chapter 2.4 · Speculati
 import torch
 
 from mimo_kit.exercises import exercise
-from mimo_kit.speculative.decode import expected_accepted_length, residual_distribution''', [
+from mimo_kit.speculative.decode import expected_accepted_length, residual_distribution, verify_greedy''', [
     Key(1, r"""
 If each draft is accepted independently with probability α = 0.8, how many tokens does one round of block 8 emit on
 average (accepted drafts + bonus)? Derive the formula; `expected_accepted_length` is the kit's version. Give it to
@@ -515,6 +515,73 @@ assert exercise("ch02b", 3).accepts(answer_3)
 assert exercise("ch02b", 3).accepts(2.77)
 assert exercise("ch02b", 3).accepts(4.16 / 1.5)  # from the rounded E
 assert not exercise("ch02b", 3).accepts(answer_1 / 1.2)  # drafter cost left out'''),
+    Key(4, r"""
+In a greedy round of block B = 6 the drafter proposes d = [12, 7, 7, 30, 4]; the backbone's forward over
+[anchor, d_1, …, d_5] has argmax [12, 7, 7, 9, 4, 15] at its six positions (its own next token after the anchor,
+after d_1, …). Which tokens does the round emit? Give them in order as a list of integers; `verify_greedy` is the
+kit's rule.""", r"""
+Greedy verification keeps the longest prefix of drafts equal to the backbone's argmax at the same position, then
+emits the backbone's own token at the first position it did not keep (the bonus):
+
+| position $i$ | 1 | 2 | 3 | 4 | 5 | 6 |
+|---|---|---|---|---|---|---|
+| draft $d_i$ | 12 | 7 | 7 | 30 | 4 | — |
+| argmax $p_i$ | 12 | 7 | 7 | 9 | 4 | 15 |
+| match | ✓ | ✓ | ✓ | ✗ | (✓) | |
+
+The prefix stops at the first mismatch, $a = 3$; the bonus is the argmax at position $a + 1 = 4$, token 9. The round
+emits $[12, 7, 7, 9]$: 4 tokens for one backbone pass. Position 5 matches too, but it was drafted after the wrong
+$d_4 = 30$, so it is conditioned on a token the backbone never wrote and is discarded with everything after the
+mismatch. Keeping the draft $d_4 = 30$ ($[12, 7, 7, 30]$) or counting every match ($a = 4$) are the typical
+mistakes.""", '''
+drafts, argmax = [12, 7, 7, 30, 4], [12, 7, 7, 9, 4, 15]
+accepted = 0
+while accepted < len(drafts) and drafts[accepted] == argmax[accepted]:
+    accepted += 1
+answer_4 = drafts[:accepted] + [argmax[accepted]]
+logits = torch.nn.functional.one_hot(torch.tensor(argmax), 32).float()  # any logits with these argmaxes
+print("accepted:", accepted, "emitted:", answer_4, "kit (a, bonus):", verify_greedy(torch.tensor(drafts), logits))''',
+        '''
+assert exercise("ch02b", 4).accepts(answer_4)
+assert exercise("ch02b", 4).accepts((12, 7, 7, 9))
+assert not exercise("ch02b", 4).accepts(drafts[:accepted + 1])  # the 4th draft kept instead of the bonus
+assert not exercise("ch02b", 4).accepts(answer_4[:-1])  # the bonus token forgotten'''),
+    Key(5, r"""
+A drafter pass costs 0.25 of a backbone decode step and verifying a block of 6 costs 1.35 decode steps. If each
+draft is accepted independently with probability α, below which α does block-6 speculation run slower than plain
+decoding (the break-even α, speedup exactly 1)? There is no closed form: solve it numerically (bisect with
+`expected_accepted_length`, say). Give it to 3 decimals or better, correctly rounded.""", r"""
+A round costs $c = 0.25 + 1.35 = 1.6$ decode steps and emits $E(\alpha) = (1 - \alpha^{6}) / (1 - \alpha)$ tokens
+(exercise 1's formula with $B = 6$), so the speedup $E(\alpha) / c$ is 1 where
+
+$$\frac{1 - \alpha^{6}}{1 - \alpha} = 1.6 \iff \alpha = 1 - \frac{1 - \alpha^{6}}{1.6}.$$
+
+$E$ grows with $\alpha$, so there is one root in $(0, 1)$. Iterating the right-hand form from $\alpha_0 = 0$:
+
+$$\alpha_1 = 1 - \tfrac{1}{1.6} = 0.375, \quad
+\alpha_2 = 0.375 + \tfrac{0.375^{6}}{1.6} = 0.375 + \tfrac{0.0027809}{1.6} = 0.376738, \quad
+\alpha_3 = 0.376787, \quad \alpha_4 = 0.3767884 \approx 0.377 .$$
+
+(It contracts by $6\alpha^{5} / 1.6 \approx 0.03$ a step; bisection gives the same.) Check:
+$E(0.377) = 1.6005 > 1.6 > E(0.376) = 1.5980$. The first iterate, 0.375, is the break-even of an endless block
+($1 / (1 - \alpha) = 1.6$): a block of 6 stops after 5 drafts, so it needs a slightly larger $\alpha$. Leaving out the
+drafter's cost ($E = 1.35$: 0.259) or the bonus token ($\alpha + \dots + \alpha^{5} = 1.6$: 0.642) are the other
+typical mistakes.""", '''
+cost, block = 0.25 + 1.35, 6
+alpha = 0.0
+for step in range(1, 30):
+    alpha = 1 - (1 - alpha**block) / cost  # the fixed point of (1 − α^B) / (1 − α) = cost
+    if step <= 4:
+        print(f"alpha_{step} = {alpha:.7f}")
+answer_5 = alpha
+print("break-even alpha:", answer_5, "tokens per round there:", (1 - alpha**block) / (1 - alpha),
+      "kit E at 0.376 / 0.377:", expected_accepted_length(0.376, block), expected_accepted_length(0.377, block))''',
+        '''
+assert exercise("ch02b", 5).accepts(answer_5)
+assert exercise("ch02b", 5).accepts(0.377)
+assert exercise("ch02b", 5).accepts(0.3768)
+assert not exercise("ch02b", 5).accepts(1 - 1 / cost)  # 0.375: an endless block, 1 / (1 − α) = cost
+assert not exercise("ch02b", 5).accepts(0.259)  # drafter cost left out: E = 1.35'''),
 ])
 
 CH03 = Chapter("ch03_pretraining", "ch03", "Chapter 3 · Pre-training", '''

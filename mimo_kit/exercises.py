@@ -332,6 +332,8 @@ _ALL = [
     Exercise("ch02b", 1, "tokens per round to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 2, "three probabilities, each to 2 decimals or more, correctly rounded", decimals=2),
     Exercise("ch02b", 3, "a speedup to 2 decimals or more, correctly rounded", decimals=2),
+    Exercise("ch02b", 4, "the emitted tokens in order, a list of integers"),
+    Exercise("ch02b", 5, "an acceptance probability to 3 decimals or more, correctly rounded", decimals=3),
     Exercise("ch02c", 1, "an integer number of backbone positions"),
     Exercise("ch02c", 2, "an integer number of tiles"),
     Exercise("ch02c", 3, "an integer number of RVQ tokens"),
