@@ -173,6 +173,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reserved_port(rng=None) -> int:
+    """A free loopback port below the OS's ephemeral range (``ip_local_port_range``), for a server that binds it
+    seconds later (Ray's agents): a port the OS hands out for ``bind(0)`` or an outgoing connection can be taken by
+    another process in the meantime; one below that range is taken only by another explicit pick."""
+    import random
+    import socket
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = rng or random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 def uses_fsdp(d: Dist, fsdp: str) -> bool:
     """``auto``: shard when there is more than one rank; ``on``: always (needs a group); ``off``: never."""
     return d.group and (fsdp == "on" or (fsdp == "auto" and d.world_size > 1))

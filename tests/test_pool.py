@@ -310,3 +310,23 @@ def test_a_head_that_misses_rays_start_deadline_is_started_again(monkeypatch):
     monkeypatch.setattr(ray, "init", lambda **kw: (_ for _ in ()).throw(Exception("timed out during startup")))
     with pytest.raises(Exception, match="timed out during startup"):
         start_local_head()
+
+
+def test_reserved_ports_lie_below_the_ephemeral_range_and_bind():
+    """Ray's agents bind their ports seconds after the pick: the pick stays out of the range the OS hands out."""
+    import random
+    import socket
+
+    from mimo_kit.dist import reserved_port
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except OSError:
+        low = 32768
+    rng = random.Random(0)
+    ports = {reserved_port(rng) for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free when picked (nothing here holds them)

@@ -561,7 +561,7 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
     from ray._private import node as ray_node
     from ray._private import parameter
 
-    from mimo_kit.dist import free_port
+    from mimo_kit.dist import reserved_port
 
     ray_params = parameter.RayParams
 
@@ -569,8 +569,8 @@ def start_local_head(num_cpus: int = 2, object_store_mb: int = 512) -> dict[str,
         def __init__(self, *args, **kwargs):
             for port in ("dashboard_agent_listen_port", "metrics_agent_port", "metrics_export_port",
                          "runtime_env_agent_port"):
-                if kwargs.get(port) is None:
-                    kwargs[port] = free_port()  # fresh ones on every attempt
+                if kwargs.get(port) is None:  # below the ephemeral range: the agents bind them seconds later
+                    kwargs[port] = reserved_port()  # fresh ones on every attempt
             kwargs.setdefault("no_monitor", True)
             kwargs.setdefault("include_log_monitor", False)
             super().__init__(*args, **kwargs)
