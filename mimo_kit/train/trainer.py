@@ -109,7 +109,7 @@ from mimo_kit.dist import (
     uses_fsdp,
 )
 from mimo_kit.infra import rollout
-from mimo_kit.infra.engine import InProcessEngine
+from mimo_kit.infra.engine import InProcessEngine, SpecCounts
 from mimo_kit.infra.mixer import MixerConfig, SampleMixer, split_targets
 from mimo_kit.infra.partial import PartialRolloutBuffer, version_lag
 from mimo_kit.infra.porter import DistStore, LocalStore, Manifest, Porter
@@ -1205,12 +1205,13 @@ def token_rows(samples: list[Sample]) -> list[list[int]]:
 def speculative_row(engine: Any, refresher: DrafterRefresher, loss: float | None) -> dict:
     """The step's speculative decoding: tokens per backbone forward, accepted share of the drafts checked, the
     refresh's loss; the engines' counts start again."""
-    rounds = accepted = proposed = 0
+    total = SpecCounts()
     for e in engines_of(engine):
-        rounds, accepted, proposed = rounds + e.spec.rounds, accepted + e.spec.accepted, proposed + e.spec.proposed
-        e.spec = type(e.spec)()
-    return {"spec_accepted_length": (accepted + rounds) / rounds if rounds else None,
-            "spec_acceptance": accepted / proposed if proposed else None, "drafter_loss": loss,
+        total.rounds, total.accepted, total.proposed = (total.rounds + e.spec.rounds, total.accepted + e.spec.accepted,
+                                                        total.proposed + e.spec.proposed)
+        e.spec = SpecCounts()
+    return {"spec_accepted_length": total.accepted_length if total.rounds else None,
+            "spec_acceptance": total.acceptance if total.proposed else None, "drafter_loss": loss,
             "drafter_refreshes": refresher.refreshes}
 
 
