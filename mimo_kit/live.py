@@ -32,7 +32,9 @@ FLUSH_S = 10
 class LiveLog:
     """Scalars of one loop to ``out_dir/tb/<loop>/``; a no-op when ``enabled`` is false (a rank other than 0, or
     a loop run without a folder). ``replay``: a resumed run's ``(step, scalars)`` so far, from its checkpoint; the
-    folder's earlier events are purged and these written in their place."""
+    folder's earlier event files are removed and these written in their place. (TensorBoard's own ``purge_step``
+    is not enough: readers order event files by name, a timestamp in seconds then the host and pid, so a killed
+    process's file from the same second can sort after the resumed one's and its steps would show twice.)"""
 
     def __init__(self, out_dir: str | Path | None, loop: str, *, enabled: bool = True,
                  replay: Iterable[tuple[int, Mapping[str, object]]] | None = None):
@@ -42,8 +44,10 @@ class LiveLog:
         from torch.utils.tensorboard import SummaryWriter
 
         self.path = Path(out_dir) / TB_DIR / loop
-        self.writer = SummaryWriter(log_dir=str(self.path), purge_step=1 if replay is not None else None,
-                                    flush_secs=FLUSH_S)
+        if replay is not None:
+            for old in self.path.glob("events.out.tfevents.*"):
+                old.unlink()
+        self.writer = SummaryWriter(log_dir=str(self.path), flush_secs=FLUSH_S)
         for step, values in replay or ():
             self.scalars(step, values)
 

@@ -20,10 +20,14 @@ def test_scalars_are_written_and_read_back(tmp_path):
     assert not (tmp_path / "other").exists()
 
 
-def test_a_resume_replays_its_steps_and_every_step_shows_once(tmp_path):
+@pytest.mark.parametrize("killed_file_sorts_last", [False, True])
+def test_a_resume_replays_its_steps_and_every_step_shows_once(tmp_path, killed_file_sorts_last):
     with LiveLog(tmp_path, "pretrain") as first:  # steps 1-3 of a run later killed after step 3
         for step in (1, 2, 3):
             first.scalars(step, {"loss": float(step)})
+    if killed_file_sorts_last:  # killed and resumed in the same second, the killed process's pid the larger
+        (old,) = (tmp_path / TB_DIR / "pretrain").glob("events.out.tfevents.*")
+        old.rename(old.with_name("events.out.tfevents.9999999999.zz.99999999.0"))
     kept = [(1, {"loss": 1.0}), (2, {"loss": 2.0})]  # the checkpoint holds steps 1-2
     with LiveLog(tmp_path, "pretrain", replay=kept) as resumed:
         for step in (3, 4):
