@@ -174,3 +174,17 @@ def test_other_graders_never_read_or_write_through_a_link(canary):
         g = general.grade_general(task, env.workspace.root)
     assert not g.passed and any("shop.db unreadable" in r for r in g.reasons), g.reasons
     assert host_db.read_bytes() == before
+
+
+def test_observations_name_workspace_paths_relative_to_it():
+    """A traceback names the module's file; written relative to the workspace, two episodes of the same task that
+    run the same command see the same tokens (the folder's random name never reaches the model)."""
+    cmd = "python3 -c 'import stats, os; print(os.getcwd()); stats.median([])'"
+    seen = []
+    for _ in range(2):
+        with CodeEnv(TASK) as env:
+            out = ToolRegistry([bash_tool(env.workspace, 20.0)]).call("bash", {"command": cmd})
+            assert str(env.workspace.root) not in out and "mimo-episode" not in out, out
+            seen.append(out)
+    assert seen[0] == seen[1], seen
+    assert 'File "stats/__init__.py"' in seen[0] and seen[0].startswith(".\n"), seen[0]

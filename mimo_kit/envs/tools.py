@@ -166,6 +166,16 @@ def _descend(root: Path, path: str, parts: list[str], flags: int) -> tuple[int, 
     return fd, os.fstat(fd)
 
 
+def relative_to_workspace(text: str, root: Path) -> str:
+    """``text`` with the workspace's absolute path written relative to it (``/tmp/mimo-episode-x1/ws/calc/a.py`` →
+    ``calc/a.py``; the folder itself → ``.``): commands run there, so the paths still work, and an observation no
+    longer carries the random name of the episode's folder (a traceback would otherwise make two rollouts of the
+    same actions see different tokens)."""
+    for form in sorted({str(root), os.path.realpath(root)}, key=len, reverse=True):
+        text = text.replace(form + "/", "").replace(form, ".")
+    return text
+
+
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
     def bash(command: str) -> str:
         size = len(command.encode("utf-8"))
@@ -176,7 +186,7 @@ def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
         r = run_sandboxed(command, ws.root, timeout_s=timeout_s, cfg=ws.sandbox, uid=ws.uid, home=ws.home,
                           network=ws.network)
         tail = f"\n[exit code {r.returncode}{', timed out' if r.timed_out else ''}]"
-        return (r.output or "") + tail
+        return relative_to_workspace(r.output or "", ws.root) + tail
 
     return Tool("bash", "run a shell command in the repository (sandboxed, no network)",
                 {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}, bash)
