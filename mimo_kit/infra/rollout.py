@@ -146,7 +146,7 @@ def _generate(engine: Any, requests: list[GenerationRequest], on_step: Callable[
         return engine.generate(requests)
 
 
-def _act_one(r: Rollout, action: list[int], finish_reason: str) -> Any:
+def act_one(r: Rollout, action: list[int], finish_reason: str) -> Any:
     """One episode's ``act``; an exception ends that rollout as ``infra_error`` (the penalty module drops it),
     never the batch: the other rollouts of the step go on (Report §6)."""
     try:
@@ -180,7 +180,7 @@ def _act(acting: list[tuple], workers: int) -> list[Any]:
         for i, turn in zip(idx, b.act_many([(acting[i][0].episode, acting[i][1], acting[i][6]) for i in idx])):
             out[i] = turn
     rest = [i for i in range(len(acting)) if out[i] is None]
-    call = lambda i: _act_one(acting[i][0], acting[i][1], acting[i][6])  # noqa: E731
+    call = lambda i: act_one(acting[i][0], acting[i][1], acting[i][6])  # noqa: E731
     if workers > 1 and len(rest) > 1:
         from concurrent.futures import ThreadPoolExecutor
 
@@ -209,16 +209,7 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
         live = [r for r in live if r.live]
     if not live:
         return 0
-    reqs = []
-    for r in live:
-        if r.pending is not None:
-            reqs.append(resume_request(*r.pending))
-        else:
-            reqs.append(GenerationRequest(r.request_id, r.token_ids(), settings.max_action_tokens,
-                                          temperature=settings.temperature, top_p=settings.top_p,
-                                          top_k=settings.top_k, stop_token_ids=settings.stop_token_ids,
-                                          return_routed_experts=settings.return_routed_experts,
-                                          return_candidates=settings.return_candidates))
+    reqs = [resume_request(*r.pending) if r.pending is not None else next_request(r, settings) for r in live]
     outs = _generate(engine, reqs, on_step)
     acting = []  # (rollout, ids, logprobs, versions, candidates, routed, finish reason)
     for r, req, out in zip(live, reqs, outs):
@@ -256,24 +247,40 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
     with span("tools"):
         turns = _act(acting, settings.act_workers)
     for (r, ids, lps, versions, cands, routed, _), turn in zip(acting, turns):
-        if not isinstance(turn, Turn):
-            raise TypeError(f"rollout {r.request_id}: episode.act returned {type(turn).__name__}, expected Turn")
-        seg = Segment("assistant", ids, logprobs=lps, policy_versions=versions, routed_experts=routed,
-                      topp_candidates=cands, text=turn.action_text)
-        seg.errors = ([(0, len(ids), turn.error)] if turn.error else []) + list(turn.error_spans)
-        r.contexts[-1].append(seg)
-        r.turns += 1
-        if turn.infra_error:
-            r.finish, r.infra_error = "infra_error", turn.infra_error
-        elif turn.done:
-            r.finish = "stop"
-        elif r.turns >= settings.max_turns:
-            r.finish = "length"
-        elif turn.new_context is not None:
-            r.contexts.append(list(turn.new_context))
-        elif turn.observation is not None:
-            r.contexts[-1].append(turn.observation)
+        apply_turn(r, turn, ids, lps, versions, cands, routed, settings)
     return len(live)
+
+
+def next_request(r: Rollout, settings: RolloutSettings) -> GenerationRequest:
+    """The request for a rollout's next action: its current context, the settings' sampling and limits."""
+    return GenerationRequest(r.request_id, r.token_ids(), settings.max_action_tokens,
+                             temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k,
+                             stop_token_ids=settings.stop_token_ids,
+                             return_routed_experts=settings.return_routed_experts,
+                             return_candidates=settings.return_candidates)
+
+
+def apply_turn(r: Rollout, turn: Any, ids: list[int], lps: list[float], versions: list[int],
+               cands: list[list[int]] | None, routed: Any, settings: RolloutSettings) -> None:
+    """The action (its ids, logprobs, versions, candidates, routing) and the episode's answer to it, appended to
+    the rollout: the assistant segment, then the observation, a new context, or the end of the episode."""
+    if not isinstance(turn, Turn):
+        raise TypeError(f"rollout {r.request_id}: episode.act returned {type(turn).__name__}, expected Turn")
+    seg = Segment("assistant", ids, logprobs=lps, policy_versions=versions, routed_experts=routed,
+                  topp_candidates=cands, text=turn.action_text)
+    seg.errors = ([(0, len(ids), turn.error)] if turn.error else []) + list(turn.error_spans)
+    r.contexts[-1].append(seg)
+    r.turns += 1
+    if turn.infra_error:
+        r.finish, r.infra_error = "infra_error", turn.infra_error
+    elif turn.done:
+        r.finish = "stop"
+    elif r.turns >= settings.max_turns:
+        r.finish = "length"
+    elif turn.new_context is not None:
+        r.contexts.append(list(turn.new_context))
+    elif turn.observation is not None:
+        r.contexts[-1].append(turn.observation)
 
 
 def grade(rollouts: Sequence[Rollout], workers: int = 1) -> int:

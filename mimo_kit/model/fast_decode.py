@@ -121,9 +121,7 @@ class StaticKVCache:
                                      f"1..{len(p) - 1} (a suffix must remain to give the next token's logits)")
                 cached[p] = hit
         for p, hit in cached.items():  # one forward per distinct prompt: its suffix only, on a clone of the prefix
-            kv = hit.clone().to(device)
-            ids = torch.tensor([p[hit.seq_len:]], dtype=torch.long, device=device)
-            out = model(ids, kv, logits_to_keep=1).logits[:, -1]  # [1, V]
+            out, kv = _continue(model, p, hit, device)  # [1, V]
             if logits is None:
                 logits = out.new_empty(self.batch, out.shape[-1])
             rows = torch.tensor(rows_of[p], device=device)
@@ -148,6 +146,43 @@ class StaticKVCache:
         self.lengths.copy_(torch.tensor([len(p) for p in prompts]))
         self.span = max(len(p) for p in prompts)
         return logits
+
+    @torch.no_grad()
+    def fill_row(self, model: MiMoForCausalLM, b: int, prompt: Sequence[int],
+                 prefix: KVCache | None = None) -> torch.Tensor:
+        """Admit one sequence into row ``b`` while the other rows keep theirs (continuous batching, Report §6):
+        run ``prompt`` through ``model`` (only its suffix past ``prefix``, a :class:`KVCache` of its first
+        ``seq_len`` tokens, continued on a clone) and store its keys in row ``b`` → the last position's logits [V].
+        Row ``b``'s earlier contents are overwritten where read and masked elsewhere. :attr:`prefilled` counts the
+        tokens run."""
+        p = tuple(int(t) for t in prompt)
+        if not 0 <= b < self.batch:
+            raise ValueError(f"fill_row: row {b}; expected 0..{self.batch - 1}")
+        if not p or len(p) >= self.max_len:
+            raise ValueError(f"fill_row: a prompt of {len(p)} tokens; expected 1..{self.max_len - 1} (the cache "
+                             f"holds max_len={self.max_len} positions and decoding needs one more)")
+        bad = [t for t in p if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"fill_row: token id {bad[0]}; expected 0..{self.config.vocab_size - 1}")
+        if prefix is not None and not 0 < prefix.seq_len < len(p):
+            raise ValueError(f"fill_row: the prefix holds {prefix.seq_len} tokens; expected 1..{len(p) - 1}")
+        device = self.lengths.device
+        out, kv = _continue(model, p, prefix, device)
+        self._store(kv, 0, torch.tensor([b], device=device), len(p))
+        self.lengths[b] = len(p)
+        self.span = max(self.span, len(p))
+        self.prefilled = len(p) - (prefix.seq_len if prefix is not None else 0)
+        return out[0]
+
+    def held_bytes(self, length: int) -> int:
+        """Bytes of KV one row of ``length`` tokens really holds: every position in a GA layer, at most the window
+        in an SWA ring (what a paged engine's token pool would hold for it; the preallocation is :meth:`nbytes`)."""
+        total = 0
+        for i, t in enumerate(self.layer_types):
+            n = min(length, self.ring) if t == SLIDING else length
+            per = self.k[i].shape[1] * (self.k[i].shape[3] + self.v[i].shape[3]) * self.k[i].element_size()
+            total += n * per
+        return total
 
     def export_row(self, b: int) -> KVCache:
         """Row ``b``'s keys and values as a :class:`KVCache` of its ``lengths[b]`` positions (GA: every position;
@@ -182,6 +217,15 @@ class StaticKVCache:
                 for r in rows.tolist():  # prefill only: a handful of rows per prompt
                     self.k[i][r, :, slots] = k.to(self.k[i].dtype)
                     self.v[i][r, :, slots] = v.to(self.v[i].dtype)
+
+
+def _continue(model: MiMoForCausalLM, prompt: Sequence[int], prefix: KVCache | None,
+              device: torch.device) -> tuple[torch.Tensor, KVCache]:
+    """One prompt through ``model``, continuing a clone of ``prefix`` (its first ``seq_len`` tokens) when given →
+    (last-position logits [1, V], the cache of the whole prompt)."""
+    kv = prefix.clone().to(device) if prefix is not None else KVCache(model.config)
+    ids = torch.tensor([list(prompt)[kv.seq_len:]], dtype=torch.long, device=device)  # [1, suffix]
+    return model(ids, kv, logits_to_keep=1).logits[:, -1], kv
 
 
 # ---- the decode step ---------------------------------------------------------------------------------------------
