@@ -154,3 +154,13 @@ def test_parking_lowers_peak_kv_during_tool_waits_with_identical_samples(repo):
                         ref = teacher_forced_logprobs(policy, seen, seg.token_ids)
                         torch.testing.assert_close(torch.tensor(seg.logprobs), ref, atol=1e-4, rtol=0)
                     seen += seg.token_ids
+
+
+@pytest.mark.parametrize("clash", [{"r3": True}, {"staleness": 2}, {"speculative": True}, {"engines": 2},
+                                   {"prefix_cache_mib": 8.0}])
+def test_rl_refuses_what_the_continuous_engine_cannot_run(clash):
+    from mimo_kit.config.base import ConfigError
+    from mimo_kit.train.trainer import RLConfig
+
+    with pytest.raises(ConfigError, match=f"continuous_rows=4 with {next(iter(clash))}"):
+        RLConfig(continuous_rows=4, **clash)

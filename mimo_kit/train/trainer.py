@@ -278,6 +278,10 @@ class RLConfig(Config):
                                    "turn prefills only its new suffix (Report §6 persistent context KV); 0 = off, "
                                    "since a resumed run starts with an empty store and a suffix prefill rounds "
                                    "differently (~1e-7), which bit-exact resume forbids", min=0.0)
+    continuous_rows: int = knob(0, "> 0: the in-process engine batches continuously with this many decode rows and "
+                                "parks a waiting episode's KV in host memory during its tool call (Report §6, "
+                                "ContinuousEngine); 0 = the turn-synchronous driver, whose draws earlier results "
+                                "were made with", min=0)
     engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
                                    "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
@@ -366,6 +370,17 @@ class RLConfig(Config):
         if self.mixer and self.staleness > 0:
             raise ConfigError("RLConfig.mixer=true with staleness > 0: the kit's Mixer drives synchronous "
                               "collection only; set staleness=0")
+        if self.continuous_rows:
+            clash = {"r3": self.r3, "staleness > 0": self.staleness > 0, "speculative": self.speculative,
+                     "prefix_cache_mib > 0": self.prefix_cache_mib > 0, "engines > 1": self.engines > 1,
+                     "engine_url": bool(self.engine_url), "pool": bool(self.pool),
+                     "student.model": bool(self.student.model)}
+            clash = [k for k, v in clash.items() if v]
+            if clash:
+                raise ConfigError(f"RLConfig.continuous_rows={self.continuous_rows} with {', '.join(clash)}: the "
+                                  "continuous engine is one in-process kit engine that plays whole episodes (no "
+                                  "routing capture, aborts, drafter or prefix store; parking already keeps each "
+                                  "episode's KV); set continuous_rows=0 or turn those off")
         if self.topp_replay and self.top_p >= 1.0:
             raise ConfigError("RLConfig.topp_replay=true with top_p=1.0: every token is a candidate, so replay "
                               "would change nothing; set top_p < 1 (e.g. top_p=0.9)")
@@ -995,11 +1010,14 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
                            else "gloo")
         eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
         return eng
-    if not uses_fsdp(d, cfg.fsdp):
-        return InProcessEngine(model, seed=cfg.seed + i, pad_id=world.pad_id if cfg.student.model else 0,
-                               prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
-    full = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device)
-    return InProcessEngine(full, seed=cfg.seed + i, copy_weights=False,
+    sharded = uses_fsdp(d, cfg.fsdp)
+    weights = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size).to(d.device) if sharded else model
+    if cfg.continuous_rows:  # Report §6: continuous batching, KV parked during tool calls
+        from mimo_kit.infra.continuous import ContinuousEngine
+
+        return ContinuousEngine(weights, rows=cfg.continuous_rows, seed=cfg.seed + i, copy_weights=not sharded)
+    return InProcessEngine(weights, seed=cfg.seed + i, copy_weights=not sharded,
+                           pad_id=world.pad_id if cfg.student.model else 0,
                            prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
 
 
