@@ -163,4 +163,4 @@ def test_rl_refuses_what_the_continuous_engine_cannot_run(clash):
     from mimo_kit.train.trainer import RLConfig
 
     with pytest.raises(ConfigError, match=f"continuous_rows=4 with {next(iter(clash))}"):
-        RLConfig(continuous_rows=4, **clash)
+        RLConfig(continuous_rows=4, world="toy", **clash)
