@@ -1,48 +1,60 @@
 """The rollout engine on agentic episodes (Report §6): repo-world rollouts (multi-turn, sandboxed tools) through the
 rollout driver, each engine optimisation switched on one at a time → benchmarks/RESULTS_engine.md.
 
-    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 2 rounds per variant (~3 min on 2 cores)
+    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 2 rounds per variant (~4 min on 2 cores)
     python benchmarks/bench_engine.py --quick   # 2 tasks × 2 episodes, one round, printed only
 
 Per variant: prompt tokens prefilled per episode, generated tokens per second of rollout wall time (tools and
-grading included), the engine's peak KV bytes (decode batch + prefix store), and whether the sampled tokens equal
-the baseline's (same seed). The policy is the RL config's untrained kit decoder on the repo world's tokenizer: what
-matters here is the engine's work per turn, not what the policy writes.
+grading included), the most KV a decode batch held (each row's tokens) and the most kept in host memory (the
+prefix store, or parked episodes), and whether the sampled tokens equal the reference's (same seed). The policy
+is the RL config's SFT warm start (cached after its first training), so actions are real commands in the sandbox
+and every tool call costs a process start.
 """
 
 import argparse
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from mimo_kit.infra.continuous import ContinuousEngine
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import play
-from mimo_kit.train.sft import build_policy
-from mimo_kit.train.trainer import RLConfig
+from mimo_kit.train.trainer import RLConfig, warm_start
 
-#: the variants: (name, engine keyword arguments); "planned" rows name optimisations the engine does not have yet
-VARIANTS = (("baseline: every turn prefills its whole context", {}),
-            ("+ per-context KV, suffix-only prefill", {"prefix_cache_bytes": 256 << 20}),
-            ("speculative decoding alone (block drafter, B = 4)", {"drafter": "block"}))
-PLANNED = ("+ KV parked in host memory during tool waits",)
+#: the variants: (name, engine keyword arguments); ``rows`` makes a ContinuousEngine (None: one row per episode)
+VARIANTS = (("turn-synchronous: every turn prefills its whole context", {}),
+            ("turn-synchronous + per-context KV, suffix-only prefill", {"prefix_cache_bytes": 256 << 20}),
+            ("turn-synchronous + speculative decoding (block drafter, B = 4)", {"drafter": "block"}),
+            ("continuous batching, a row per episode, KV held during tool calls", {"rows": None, "park": False}),
+            ("continuous batching, a row per episode, KV parked during tool calls", {"rows": None, "park": True}),
+            ("continuous batching, 4 rows, KV held during tool calls", {"rows": 4, "park": False}),
+            ("continuous batching, 4 rows, KV parked during tool calls", {"rows": 4, "park": True}))
 #: optimiser steps of the drafter on the policy's own rollouts before it is timed (DrafterRefresher, as in RL)
 DRAFTER_STEPS = 60
 
 
 def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=None) -> dict:
-    kwargs = {**kwargs, "drafter": drafter} if "drafter" in kwargs else kwargs
-    eng = InProcessEngine(policy, seed=3, **kwargs)
+    if "rows" in kwargs:
+        eng = ContinuousEngine(policy, seed=3, **{**kwargs, "rows": kwargs["rows"] or tasks * group})
+    else:
+        eng = InProcessEngine(policy, seed=3, **({**kwargs, "drafter": drafter} if "drafter" in kwargs else kwargs))
     groups = [world.episodes(t, group) for t in world.tasks(tasks, seed=1, prefix="bench")]
     t0 = time.perf_counter()
     samples = play(eng, groups, settings)
     wall = time.perf_counter() - t0
     seqs = [q for s in samples for q in s.sequences]
     tokens = [[seg.token_ids for c in q.contexts for seg in c.segments] for q in seqs]
-    return {"prefill": eng.prefill_tokens / len(seqs), "tok_s": eng.tokens_generated / wall, "wall": wall,
-            "kv": eng.kv_peak_bytes, "tokens": tokens, "turns": sum(len(c.segments) for q in seqs
-                                                                      for c in q.contexts) / len(seqs),
-            "accepted_length": eng.spec.accepted_length, "samples": samples}
+    host = eng.prefix_cache.peak_nbytes if eng.prefix_cache is not None else getattr(eng, "parked_peak_bytes", 0)
+    # what re-prefilling every action's whole context would cost these episodes (each variant samples its own)
+    whole = sum(len(seg) for q in seqs for c in q.contexts for i, a in enumerate(c.segments) if a.role == "assistant"
+                for seg in c.segments[:i])
+    return {"prefill": eng.prefill_tokens / len(seqs), "whole": whole / len(seqs),
+            "tok_s": eng.tokens_generated / wall, "wall": wall,
+            "kv": eng.kv_peak_bytes, "host": host, "tokens": tokens,
+            "turns": sum(len(c.segments) for q in seqs for c in q.contexts) / len(seqs),
+            "passed": sum(q.passed for q in seqs) / len(seqs), "accepted_length": eng.spec.accepted_length}
 
 
 def main() -> None:
@@ -51,9 +63,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(2)
     tasks, group, rounds = (2, 2, 1) if args.quick else (4, 4, 2)
-    cfg = RLConfig(world="repo")
+    cfg = RLConfig(world="repo", progress=False)
     world = cfg.make_world()
-    policy = build_policy(cfg.policy, 0, vocab_size=world.vocab_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        policy, _ = warm_start(cfg, Path(tmp), world)  # the SFT policy (cached after its first training)
     settings = cfg.rollout_settings(world)
     # the drafter a run would decode with: refreshed on the policy's own rollouts (other tasks than the timed ones)
     from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
@@ -70,31 +83,43 @@ def main() -> None:
             print(f"round {r} · {name}: {out['prefill']:.0f} prefilled/episode, {out['tok_s']:.1f} tok/s", flush=True)
             if name not in results or out["wall"] < results[name]["wall"]:
                 results[name] = out
-    base = results[VARIANTS[0][0]]
-    lines = ["| engine | prompt tokens prefilled per episode | generated tok/s | peak KV (MiB) | samples |",
-             "|---|---|---|---|---|"]
+    base, cont = results[VARIANTS[0][0]], results[VARIANTS[3][0]]
+    lines = ["| engine | prompt tokens prefilled per episode (× fewer than its whole contexts) | generated tok/s | "
+             "decode-batch KV peak (MiB) | host KV peak (MiB) | samples |", "|---|---|---|---|---|---|"]
     for name, kwargs in VARIANTS:
         o = results[name]
-        same = "baseline" if o is base else ("identical" if o["tokens"] == base["tokens"] else
-                                             "same law, other draws" if "drafter" in kwargs else "differ")
+        ref = cont if "rows" in kwargs else base
+        if o is base or o is cont:
+            same = "reference" + (" (each request its own stream)" if o is cont else "")
+        elif o["tokens"] == ref["tokens"]:
+            same = "identical"
+        else:
+            same = "same law, other draws" if "drafter" in kwargs else "differ"
         if "drafter" in kwargs:
             same += f"; {o['accepted_length']:.2f} tokens per verification"
-        ratio = base["prefill"] / o["prefill"]
-        fewer = f"{ratio:.1f}× fewer" if ratio >= 1 else f"{1 / ratio:.2f}× more"
+        fewer = f"{o['whole'] / o['prefill']:.1f}×"
         kv = "not counted" if "drafter" in kwargs else f"{o['kv'] / 2**20:.2f}"  # the speculative path's own cache
         lines.append(f"| {name} | {o['prefill']:,.0f} ({fewer}) | {o['tok_s']:,.1f} ({o['tok_s'] / base['tok_s']:.2f}×)"
-                     f" | {kv} | {same} |")
-    lines += [f"| {name} | planned | | | |" for name in PLANNED]
+                     f" | {kv} | {o['host'] / 2**20:.2f} | {same} |")
     table = "\n".join(lines)
-    text = (f"# The rollout engine on agentic episodes (chapter 6)\n\nRepo-world rollouts through the rollout driver: "
-            f"{tasks} tasks × {group} episodes, the RL config's policy (kit decoder, `tiny`), up to "
-            f"{settings.max_turns} turns of at most {settings.max_action_tokens} tokens, sandboxed tools; "
-            f"{base['turns']:.1f} segments per episode on average. Best of {rounds} rounds, the variants alternating; "
-            f"2 CPU threads. Regenerate with `python benchmarks/bench_engine.py`.\n\n{table}\n\n"
-            "Per-context KV keeps each finished turn's cache in a prefix store (`mimo_kit.infra.prefix_cache`, host "
-            "memory, 256 MiB here) and prefills only the new suffix of the next turn: the last action token and the "
-            "tool's observation. Peak KV counts the decode batch's cache and the store; the store is what trades "
-            "memory for prefill. Generated tok/s is over the whole rollout, tools and grading included.\n\n"
+    text = (f"# The rollout engine on agentic episodes (chapter 6)\n\nRepo-world rollouts: {tasks} tasks × {group} "
+            f"episodes of the RL config's SFT policy (kit decoder, `tiny`; {base['passed']:.0%} of episodes pass), "
+            f"up to {settings.max_turns} turns of at most {settings.max_action_tokens} tokens, real commands in the "
+            f"sandbox; {base['turns']:.1f} segments per episode on average. Best of {rounds} rounds, the variants "
+            f"alternating; 2 CPU threads. Regenerate with `python benchmarks/bench_engine.py`.\n\n{table}\n\n"
+            "**Turn-synchronous** engines (`InProcessEngine` under the rollout driver) decode every live episode's "
+            "action in one batch, then run every tool, then the next turn. Per-context KV keeps each finished "
+            "turn's cache in a prefix store (`mimo_kit.infra.prefix_cache`, host memory, 256 MiB here) and "
+            "prefills only the new suffix of the next turn: the last action token and the tool's observation.\n\n"
+            "**Continuous batching** (`mimo_kit.infra.continuous.ContinuousEngine`) admits an episode into a free "
+            "row as soon as its observation arrives and lets it leave when its action ends, so tools run while "
+            "other episodes decode; it prefills only new suffixes too. With parking, a waiting episode's KV goes "
+            "to host memory and its row is freed; held, the row keeps it. Each request samples from its own "
+            "stream, so the continuous rows draw other tokens than the turn-synchronous ones but the same tokens "
+            "as each other, whatever the row count, parking or tool timing.\n\n"
+            "Decode-batch KV counts each occupied row's tokens (every position in a GA layer, the window in an "
+            "SWA ring, as a paged engine's token pool holds them); host KV is the prefix store or the parked "
+            "episodes. Generated tok/s is over the whole rollout, tools and grading included.\n\n"
             "Speculative decoding draws from the same distribution with other random draws (lossless: "
             "`tests/test_engine_speculative.py`), so its episodes differ token for token. Its drafter is a block "
             f"drafter refreshed for {DRAFTER_STEPS} steps on the policy's own rollouts of other tasks "

@@ -130,7 +130,9 @@ class InProcessEngine:
     over its suffix only (Report §6; kit decoder, fast path). Off by default: a run resumed from a checkpoint
     starts with an empty store, and a prefill over a stored prefix rounds differently from a whole one (~1e-7 in
     the logits), so bit-exact resume holds with it off. :attr:`prefill_tokens` counts the tokens prefilled and
-    :attr:`kv_peak_bytes` the most KV the engine held at once (the decode batch's cache and the store).
+    :attr:`kv_peak_bytes` the most KV a decode batch held (each row's tokens until the batch ends: every position in
+    a GA layer, the window in an SWA ring, as a paged engine's token pool would hold them); the store's own peak is
+    ``prefix_cache.peak_nbytes``.
 
     ``drafter`` (a :class:`~mimo_kit.speculative.decode.Drafter`: the block drafter or MTP; :meth:`set_drafter`
     swaps in a refreshed one) decodes each request speculatively, one sequence at a time, lossless under the
@@ -154,7 +156,7 @@ class InProcessEngine:
         self._on_step: Callable[[], None] | None = None
         self.tokens_generated = 0  # decode steps × live rows since construction (progress, for callers)
         self.prefill_tokens = 0  # prompt tokens run through the model (a prefix-cache hit spares its prefix)
-        self.kv_peak_bytes = 0  # the most KV held at once: the decode batch's cache + the prefix store
+        self.kv_peak_bytes = 0  # the most KV a decode batch held (StaticKVCache.held_bytes of its rows)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, park="cpu")
                              if prefix_cache_bytes > 0 and self.is_kit else None)
         self.drafter = None
@@ -308,7 +310,6 @@ class InProcessEngine:
                 store = self.prefix_cache
                 prefixes = None if store is None else [store.lookup(r.prompt_ids) for r in reqs]
                 logits, cache = self._forward([r.prompt_ids for r in reqs], cache, prefixes)
-                self.kv_peak_bytes = max(self.kv_peak_bytes, cache.nbytes() + (store.nbytes if store else 0))
             else:
                 logits, cache = self._forward(ids, self._new_cache())
             for _step in range(r0.max_new_tokens):
@@ -338,7 +339,6 @@ class InProcessEngine:
                 if fast and self.prefix_cache is not None:  # a finished row's KV: prompt + tokens fed so far
                     for b in (done & ~was_done).nonzero()[:, 0].tolist():
                         self.prefix_cache.insert(list(reqs[b].prompt_ids) + tokens[b][:-1], cache.export_row(b))
-                    self.kv_peak_bytes = max(self.kv_peak_bytes, cache.nbytes() + self.prefix_cache.nbytes)
                 # feed this step's tokens (rows finished earlier get pad): R3 needs the routing of every input
                 # position, the last sampled token included, so with routing one extra forward follows the end
                 feed = torch.where(was_done, torch.full_like(tok, self.pad_id), tok)
@@ -347,6 +347,9 @@ class InProcessEngine:
                 logits, cache = self._forward(feed[:, None], cache)
                 if bool(done.all()):
                     break
+        if fast:  # every row holds its KV until the batch ends (rows that stopped were fed pads)
+            held = sum(cache.held_bytes(int(n)) for n in cache.lengths.tolist())
+            self.kv_peak_bytes = max(self.kv_peak_bytes, held)
         if want_routing:
             captures = record.indices  # [layers, B·T + steps·B, k]
         outs = []
