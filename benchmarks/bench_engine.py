@@ -32,7 +32,7 @@ VARIANTS = (("turn-synchronous: every turn prefills its whole context", {}),
             ("continuous batching, 4 rows, KV held during tool calls", {"rows": 4, "park": False}),
             ("continuous batching, 4 rows, KV parked during tool calls", {"rows": 4, "park": True}))
 #: optimiser steps of the drafter on the policy's own rollouts before it is timed (DrafterRefresher, as in RL)
-DRAFTER_STEPS = 60
+DRAFTER_STEPS = 500
 
 
 def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=None) -> dict:

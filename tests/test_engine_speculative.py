@@ -116,7 +116,7 @@ def test_rl_run_decodes_speculatively_refreshes_its_drafter_and_resumes_exactly(
     from mimo_kit.config.base import ConfigError
     from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
-    kw = dict(steps=4, checkpoint_every=2, speculative=True, drafter={"seq_len": 16, "steps": 2})
+    kw = dict(steps=4, checkpoint_every=2, speculative=True, drafter={"seq_len": 16, "steps": 2, "context_window": 8})
     ref = run_rl(tiny(tmp_path / "ref", sft_file, **kw))
     rows = ref["history"]
     assert [r["drafter_refreshes"] for r in rows] == [1, 2, 3, 4]
@@ -137,3 +137,15 @@ def test_rl_run_decodes_speculatively_refreshes_its_drafter_and_resumes_exactly(
     assert strip(resumed["history"]) == strip(rows)
     with pytest.raises(ConfigError, match="speculative=true"):
         RLConfig(speculative=True, engine_url="http://127.0.0.1:30000")
+
+
+def test_a_drafter_window_longer_than_its_training_windows_is_refused():
+    """A block drafter trained on seq_len windows never attends to more than seq_len − block_size positions."""
+    from mimo_kit.config.base import ConfigError
+    from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
+
+    with pytest.raises(ConfigError, match="context_window=60 > seq_len − block_size = 44"):
+        DrafterRefreshConfig(seq_len=48, context_window=60).check()
+    bb = MiMoForCausalLM(MiMoConfig.preset("tiny"))
+    ref = DrafterRefresher(DrafterRefreshConfig(seq_len=48, context_window=20), bb.config)
+    assert ref.drafter.config.context_window == 20

@@ -37,12 +37,20 @@ class DrafterRefreshConfig(Config):
     batch: int = knob(4, "windows per optimiser step", min=1)
     seq_len: int = knob(64, "tokens per window cut from a trajectory", min=8)
     anchors_per_seq: int = knob(16, "block anchors per window", min=1)
+    context_window: int = knob(16, "policy positions a block drafter attends to before its anchor: trained on "
+                                   "seq_len windows, it never sees more than seq_len − block_size of them, and a "
+                                   "longer window at decode cut its acceptance (benchmarks/RESULTS_drafters.md)",
+                               min=1)
     lr: float = knob(3e-3, "AdamW, as the drafter's own training (mimo_kit.speculative.train)", min=0.0)
     seed: int = knob(0, "drafter init and window draws", min=0)
 
     def check(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"DrafterRefreshConfig.kind={self.kind!r}; expected one of {KINDS}")
+        if self.context_window > self.seq_len - self.block_size:
+            raise ConfigError(f"DrafterRefreshConfig.context_window={self.context_window} > seq_len − block_size = "
+                              f"{self.seq_len - self.block_size}: the drafter would attend at decode to more "
+                              "policy positions than any training window shows it; lower it or raise seq_len")
 
 
 class DrafterRefresher:
@@ -56,7 +64,8 @@ class DrafterRefresher:
         self.cfg = cfg
         torch.manual_seed(cfg.seed)
         if cfg.kind == "block":
-            self.drafter = BlockDrafter(DrafterConfig.preset("tiny", block_size=cfg.block_size), backbone_cfg)
+            self.drafter = BlockDrafter(DrafterConfig.preset("tiny", block_size=cfg.block_size,
+                                                             context_window=cfg.context_window), backbone_cfg)
         else:
             self.drafter = MTPDrafter(MTPConfig.preset("tiny", block_size=cfg.block_size), backbone_cfg)
         self.drafter.eval()
