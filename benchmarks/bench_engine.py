@@ -74,7 +74,7 @@ def main() -> None:
 
     refresher = DrafterRefresher(DrafterRefreshConfig(steps=DRAFTER_STEPS, seq_len=48, batch=8), policy.config)
     warm = play(InProcessEngine(policy, seed=11), [world.episodes(t, group) for t in
-                                                    world.tasks(tasks, seed=2, prefix="drafter")], settings)
+                                                    world.tasks(4 * tasks, seed=2, prefix="drafter")], settings)
     drafter_loss = refresher.refresh(policy, token_rows(warm))
     results = {}
     for r in range(rounds):  # the variants alternate; each keeps its best wall time
