@@ -164,3 +164,33 @@ def test_rl_refuses_what_the_continuous_engine_cannot_run(clash):
 
     with pytest.raises(ConfigError, match=f"continuous_rows=4 with {next(iter(clash))}"):
         RLConfig(continuous_rows=4, world="toy", **clash)
+
+
+@pytest.mark.slow
+def test_top_p_candidates_and_their_logprobs_are_the_truncated_distributions(repo):
+    """Top-p sampling with candidate recording (top-p replay, Report §6.1): every token lies in its recorded set, the
+    set is the nucleus of the model's distribution on the whole context, and the logprob is renormalised over it."""
+    from mimo_kit.infra.rollout import play
+    from mimo_kit.model.generate import truncate_logits
+
+    world, policy, settings = repo
+    settings = dataclasses.replace(settings, top_p=0.8, return_candidates=True)
+    groups = [world.episodes(t, 2) for t in world.tasks(2, seed=4, prefix="topp")]
+    samples = play(ContinuousEngine(policy, seed=5, rows=3), groups, settings)
+    checked = 0
+    for q in (q for x in samples for q in x.sequences):
+        for ctx in q.contexts:
+            seen = []
+            for seg in ctx.segments:
+                if seg.role == "assistant":
+                    ids = torch.tensor([seen + seg.token_ids[:-1]])
+                    with torch.no_grad():
+                        logits = policy(ids).logits[0, len(seen) - 1:].float()  # [n, V]
+                    for j, (tok, lp, cands) in enumerate(zip(seg.token_ids, seg.logprobs, seg.topp_candidates)):
+                        nucleus = torch.isfinite(truncate_logits(logits[j:j + 1], 0, 0.8))[0]
+                        assert tok in cands and set(cands) == set(nucleus.nonzero()[:, 0].tolist())
+                        want = logits[j].log_softmax(-1)[tok] - logits[j].log_softmax(-1)[cands].logsumexp(-1)
+                        assert lp == pytest.approx(float(want), abs=1e-4)
+                        checked += 1
+                seen += seg.token_ids
+    assert checked > 50

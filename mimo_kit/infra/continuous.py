@@ -161,7 +161,7 @@ class ContinuousEngine(InProcessEngine):
                     r = ready.popleft()
                     k = kept.get(id(r))
                     prompt = r.token_ids()
-                    if len(prompt) + settings.max_action_tokens >= max_len:  # the context is full: as at max_turns
+                    if len(prompt) + settings.max_action_tokens > max_len:  # the context is full: as at max_turns
                         r.finish = "length"
                         self._release(kept.pop(id(r), None), free, cache)
                         continue
