@@ -55,10 +55,13 @@ from mimo_kit.envs.isolation import (
     warn_once,
 )
 from mimo_kit.envs.streams import Tail, drain, pump  # noqa: F401  (pump: run several commands side by side)
-from mimo_kit.envs.uids import kill_uid, lease_uid, release_uid, uid_pids  # noqa: F401
+from mimo_kit.envs.uids import kill_uid, lease_uid, release_uid, uid_pids, wait_gone  # noqa: F401
 
 #: Extra tasks pids.max allows beyond ``nproc``: the ``unshare`` wrapper outside the PID namespace, and its child.
 WRAPPER_TASKS = 2
+#: Seconds a finished command waits for its killed processes to finish exiting (they are dying already; on a loaded
+#: machine a few stay visible for milliseconds), so the caller never sees one of them.
+EXIT_WAIT_S = 5.0
 #: What util-linux ``unshare --fork`` prints (then exits 1) when its child died of SIGKILL, which it cannot re-raise.
 UNSHARE_SIGKILL = "unshare: sigprocmask unblock failed: Invalid argument\n"
 
@@ -235,6 +238,8 @@ class SandboxProcess:
             if self.uid is not None and "pid_namespace" not in self.layers:
                 escapees += kill_uid(self.uid)
             p.wait()
+            if self.uid is not None:  # everything was SIGKILLed (the namespace's init died, or the sweep above):
+                wait_gone(lambda: uid_pids(self.uid), EXIT_WAIT_S)  # let the dying finish exiting
             for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
                 drain(f, tail)  # what the command wrote before it died
                 f.close()

@@ -156,6 +156,18 @@ def sigkill_until_gone(pids, rounds: int, pause_s: float) -> int:
     return sent
 
 
+def wait_gone(pids, timeout_s: float, pause_s: float = 0.005) -> bool:
+    """Wait until ``pids()`` lists nothing or ``timeout_s`` passes (processes already SIGKILLed finish exiting
+    asynchronously: a loaded machine can show them for milliseconds after their namespace's init died); whether
+    they are gone."""
+    deadline = time.monotonic() + timeout_s
+    while pids():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause_s)
+    return True
+
+
 def kill_uid(uid: int, rounds: int = 20) -> int:
     """SIGKILL every process of ``uid`` (the fallback sweep where there is neither a PID namespace nor a cgroup)."""
     return sigkill_until_gone(lambda: uid_pids(uid), rounds, 0.005)
