@@ -173,50 +173,61 @@ class ContinuousEngine(InProcessEngine):
                 self._measure(cache, decoding, kept)
                 if not decoding:
                     continue
-                # one decode step: every decoding row samples its next token from its own stream
-                ended = []
-                feed = torch.full((self.rows,), self.pad_id, dtype=torch.long)
-                for b, row in decoding.items():
-                    tok, logp, kept_set = sample_next(row.logits[None], temperature=settings.temperature,
-                                                      top_k=settings.top_k, top_p=settings.top_p,
-                                                      generator=row.generator)
-                    if settings.return_candidates:
-                        logp = logp - candidate_logmass(row.logits[None], kept_set, settings.temperature)
-                        row.candidates.append(kept_set[0].nonzero()[:, 0].tolist())
-                    t = int(tok[0])
-                    row.tokens.append(t)
-                    row.logprobs.append(float(logp[0]))
-                    feed[b] = t
-                    if t in stops or len(row.tokens) >= settings.max_action_tokens:
-                        ended.append(b)
-                self.tokens_generated += len(decoding)
-                for b in ended:  # the action is whole: park its KV (prompt + tokens fed), run the tool
+                feed, ended = self._sample(decoding, settings, stops)
+                for b in ended:  # the action is whole: its KV parked (or held), its tool started
                     row = decoding.pop(b)
-                    held = row.prompt + row.tokens[:-1]
-                    if self.park:
-                        kept[id(row.rollout)] = _Kept(held, kv=cache.export_row(b).to("cpu", pin=self._pin))
-                        cache.lengths[b] = 0
-                        free.append(b)
-                    else:
-                        kept[id(row.rollout)] = _Kept(held, row=b)
+                    kept[id(row.rollout)] = self._keep(row, b, cache, free)
                     reason = "stop" if row.tokens[-1] in stops else "length"
-                    ep = row.rollout
-                    tools[pool.submit(act_one, ep, list(row.tokens), reason)] = (
-                        ep, list(row.tokens), row.logprobs, [version] * len(row.tokens),
+                    tools[pool.submit(act_one, row.rollout, list(row.tokens), reason)] = (
+                        row.rollout, list(row.tokens), row.logprobs, [version] * len(row.tokens),
                         row.candidates if settings.return_candidates else None, reason)
                 self._measure(cache, decoding, kept)
                 if decoding:
-                    live = list(decoding)
-                    idle = [b for b in range(self.rows) if b not in decoding]
-                    before = cache.lengths.clone()
-                    cache.span = int(cache.lengths[live].max())
-                    logits = decode_step(self.model, feed.to(self.device), cache).float().cpu()
-                    if idle:  # rows not decoding were fed a pad they never see: their lengths stay
-                        cache.lengths[idle] = before[idle]
-                    for b in live:
-                        decoding[b].logits = logits[b]
-                if self._on_step is not None:
-                    self._on_step()
+                    self._decode(decoding, feed, cache)
+
+    def _sample(self, decoding: dict[int, _Row], settings: RolloutSettings,
+                stops: set[int]) -> tuple[torch.Tensor, list[int]]:
+        """Every decoding row's next token from its own stream → (the tokens to feed [rows], rows whose action
+        ended: a stop token, or ``max_action_tokens``)."""
+        feed = torch.full((self.rows,), self.pad_id, dtype=torch.long)
+        ended = []
+        for b, row in decoding.items():
+            tok, logp, kept_set = sample_next(row.logits[None], temperature=settings.temperature,
+                                              top_k=settings.top_k, top_p=settings.top_p, generator=row.generator)
+            if settings.return_candidates:  # the sampling distribution's logprob: renormalised over the kept set
+                logp = logp - candidate_logmass(row.logits[None], kept_set, settings.temperature)
+                row.candidates.append(kept_set[0].nonzero()[:, 0].tolist())
+            t = int(tok[0])
+            row.tokens.append(t)
+            row.logprobs.append(float(logp[0]))
+            feed[b] = t
+            if t in stops or len(row.tokens) >= settings.max_action_tokens:
+                ended.append(b)
+        self.tokens_generated += len(decoding)
+        return feed, ended
+
+    def _keep(self, row: _Row, b: int, cache: StaticKVCache, free: list[int]) -> _Kept:
+        """Row ``b``'s KV once its action ended (prompt + tokens fed; the last sampled token never was): parked in
+        host memory and the row freed, or left in the row."""
+        held = row.prompt + row.tokens[:-1]
+        if not self.park:
+            return _Kept(held, row=b)
+        kv = cache.export_row(b).to("cpu", pin=self._pin)
+        cache.lengths[b] = 0
+        free.append(b)
+        return _Kept(held, kv=kv)
+
+    def _decode(self, decoding: dict[int, _Row], feed: torch.Tensor, cache: StaticKVCache) -> None:
+        """One decode step of the whole batch; the rows not decoding are fed a pad and keep their lengths."""
+        live = list(decoding)
+        idle = [b for b in range(self.rows) if b not in decoding]
+        before = cache.lengths.clone()
+        cache.span = int(cache.lengths[live].max())
+        logits = decode_step(self.model, feed.to(self.device), cache).float().cpu()  # [rows, V]
+        if idle:
+            cache.lengths[idle] = before[idle]
+        for b in live:
+            decoding[b].logits = logits[b]
 
     @property
     def _pin(self) -> bool:
