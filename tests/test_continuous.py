@@ -53,6 +53,16 @@ def test_a_row_filled_mid_batch_decodes_like_a_batch_prefill(model, prefix_len):
     torch.testing.assert_close(nxt, decode_step(model, torch.tensor([3, 4]), fresh), atol=1e-5, rtol=1e-5)
 
 
+def test_held_bytes_count_every_ga_position_and_the_window_in_a_ring(model):
+    cache = StaticKVCache(model.config, 2, 200)
+    for length in (0, 1, model.config.sliding_window - 1, model.config.sliding_window, 150):
+        want = sum((min(length, cache.ring) if t == "sliding_attention" else length) * k[0, :, 0].numel() * 4
+                   + (min(length, cache.ring) if t == "sliding_attention" else length) * v[0, :, 0].numel() * 4
+                   for t, k, v in zip(cache.layer_types, cache.k, cache.v))
+        assert cache.held_bytes(length) == want
+    assert cache.held_bytes(200) * 2 <= cache.nbytes()  # never more than the preallocation
+
+
 def test_fill_row_refuses_bad_rows_and_prompts(model):
     cache = StaticKVCache(model.config, 2, 16)
     with pytest.raises(ValueError, match="row 2"):

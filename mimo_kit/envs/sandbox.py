@@ -226,8 +226,9 @@ class SandboxProcess:
     def finish(self, timed_out: bool) -> SandboxResult:
         """Kill every process of the command (the group, the cgroup, the uid sweep as a fallback), collect results."""
         p = self.popen
+        killed = timed_out or p.poll() is None
         try:
-            if timed_out or p.poll() is None:
+            if killed:
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -238,8 +239,8 @@ class SandboxProcess:
             if self.uid is not None and "pid_namespace" not in self.layers:
                 escapees += kill_uid(self.uid)
             p.wait()
-            if self.uid is not None:  # everything was SIGKILLed (the namespace's init died, or the sweep above):
-                wait_gone(lambda: uid_pids(self.uid), EXIT_WAIT_S)  # let the dying finish exiting
+            if killed and self.uid is not None:  # everything was SIGKILLed (the namespace's init died, or the
+                wait_gone(lambda: uid_pids(self.uid), EXIT_WAIT_S)  # sweep above): let the dying finish exiting
             for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
                 drain(f, tail)  # what the command wrote before it died
                 f.close()

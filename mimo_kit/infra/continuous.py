@@ -268,7 +268,8 @@ class ContinuousEngine(InProcessEngine):
 
     def _measure(self, cache: StaticKVCache, decoding: dict[int, _Row], kept: dict[int, _Kept]) -> None:
         rows = list(decoding) + [k.row for k in kept.values() if k.row is not None]
-        held = sum(cache.held_bytes(int(cache.lengths[b])) for b in rows)
+        lengths = cache.lengths.tolist()
+        held = sum(cache.held_bytes(lengths[b]) for b in rows)
         parked = sum(k.kv.nbytes() for k in kept.values() if k.kv is not None)
         shared = sum(kv.nbytes() for kv in self._shared.values())  # parked with the episodes, else on the device
         parked, held = (parked + shared, held) if self.park else (parked, held + shared)

@@ -177,12 +177,13 @@ class StaticKVCache:
     def held_bytes(self, length: int) -> int:
         """Bytes of KV one row of ``length`` tokens really holds: every position in a GA layer, at most the window
         in an SWA ring (what a paged engine's token pool would hold for it; the preallocation is :meth:`nbytes`)."""
-        total = 0
-        for i, t in enumerate(self.layer_types):
-            n = min(length, self.ring) if t == SLIDING else length
-            per = self.k[i].shape[1] * (self.k[i].shape[3] + self.v[i].shape[3]) * self.k[i].element_size()
-            total += n * per
-        return total
+        per = getattr(self, "_per_token", None)
+        if per is None:  # bytes per token over the GA layers and over the SWA layers, counted once per cache
+            per = {FULL: 0, SLIDING: 0}
+            for i, t in enumerate(self.layer_types):
+                per[t] += self.k[i].shape[1] * (self.k[i].shape[3] + self.v[i].shape[3]) * self.k[i].element_size()
+            self._per_token = per
+        return per[FULL] * length + per[SLIDING] * min(length, self.ring)
 
     def export_row(self, b: int) -> KVCache:
         """Row ``b``'s keys and values as a :class:`KVCache` of its ``lengths[b]`` positions (GA: every position;
