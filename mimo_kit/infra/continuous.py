@@ -1,5 +1,5 @@
 """Continuous batching with KV parking: the decode batch keeps running while episodes wait on their tools
-(Report §6: "an episode's KV moves to host memory while it waits on a tool").
+(Report §6: an episode's KV moves to pinned host memory while it waits on a tool).
 
 The turn-synchronous driver (:func:`~mimo_kit.infra.rollout.play`) decodes every live episode's action in one
 batch, then runs every tool, then the next turn: while the slowest action decodes, finished episodes hold their
@@ -115,7 +115,8 @@ class ContinuousEngine(InProcessEngine):
     def play(self, groups: Sequence[tuple[str, Sequence[Any]]], settings: RolloutSettings, *,
              grade_workers: int = 1, rebuild: Callable[[str], Sequence[Any]] | None = None) -> list:
         """Every episode of every group to its end; one Sample per group, in the order given (what
-        :func:`~mimo_kit.infra.rollout.play` returns for the same groups)."""
+        :func:`~mimo_kit.infra.rollout.play` returns for the same groups). ``rebuild`` is taken for the driver's
+        signature and not used: one in-process engine has no engine failure to re-play a group around."""
         if settings.return_routed_experts:
             raise ValueError("ContinuousEngine.play: routing capture (R3) runs on the general forward; use the "
                              "turn-synchronous driver (an InProcessEngine) for R3 rollouts")
