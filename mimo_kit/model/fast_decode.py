@@ -99,15 +99,7 @@ class StaticKVCache:
             raise ValueError(f"prefill: {len(prefixes)} prefixes for a cache of batch {self.batch}")
         rows_of: dict[tuple[int, ...], list[int]] = {}
         for b, p in enumerate(prompts):
-            p = tuple(int(t) for t in p)
-            if not p:
-                raise ValueError(f"prefill: prompt {b} is empty; a prompt needs at least one token")
-            if len(p) >= self.max_len:
-                raise ValueError(f"prefill: prompt {b} has {len(p)} tokens; the cache holds max_len={self.max_len} "
-                                 "positions and decoding needs at least one more")
-            bad = [t for t in p if not 0 <= t < cfg.vocab_size]
-            if bad:
-                raise ValueError(f"prefill: prompt {b} holds token id {bad[0]}; expected 0..{cfg.vocab_size - 1}")
+            p = self._checked("prefill", b, p, None if prefixes is None else prefixes[b])
             rows_of.setdefault(p, []).append(b)
         device = self.lengths.device
         logits = None
@@ -116,9 +108,6 @@ class StaticKVCache:
         for p, rows in rows_of.items():
             hit = None if prefixes is None else prefixes[rows[0]]
             if hit is not None:
-                if not 0 < hit.seq_len < len(p):
-                    raise ValueError(f"prefill: the prefix of prompt {rows[0]} holds {hit.seq_len} tokens; expected "
-                                     f"1..{len(p) - 1} (a suffix must remain to give the next token's logits)")
                 cached[p] = hit
         for p, hit in cached.items():  # one forward per distinct prompt: its suffix only, on a clone of the prefix
             out, kv = _continue(model, p, hit, device)  # [1, V]
@@ -155,17 +144,9 @@ class StaticKVCache:
         ``seq_len`` tokens, continued on a clone) and store its keys in row ``b`` → the last position's logits [V].
         Row ``b``'s earlier contents are overwritten where read and masked elsewhere. :attr:`prefilled` counts the
         tokens run."""
-        p = tuple(int(t) for t in prompt)
         if not 0 <= b < self.batch:
             raise ValueError(f"fill_row: row {b}; expected 0..{self.batch - 1}")
-        if not p or len(p) >= self.max_len:
-            raise ValueError(f"fill_row: a prompt of {len(p)} tokens; expected 1..{self.max_len - 1} (the cache "
-                             f"holds max_len={self.max_len} positions and decoding needs one more)")
-        bad = [t for t in p if not 0 <= t < self.config.vocab_size]
-        if bad:
-            raise ValueError(f"fill_row: token id {bad[0]}; expected 0..{self.config.vocab_size - 1}")
-        if prefix is not None and not 0 < prefix.seq_len < len(p):
-            raise ValueError(f"fill_row: the prefix holds {prefix.seq_len} tokens; expected 1..{len(p) - 1}")
+        p = self._checked("fill_row", b, prompt, prefix)
         device = self.lengths.device
         out, kv = _continue(model, p, prefix, device)
         self._store(kv, 0, torch.tensor([b], device=device), len(p))
@@ -173,6 +154,23 @@ class StaticKVCache:
         self.span = max(self.span, len(p))
         self.prefilled = len(p) - (prefix.seq_len if prefix is not None else 0)
         return out[0]
+
+    def _checked(self, where: str, b: int, prompt: Sequence[int], prefix: KVCache | None) -> tuple[int, ...]:
+        """Prompt ``b`` as a tuple of ids, refused by name when it cannot go into a row: empty, no position left to
+        decode, an id outside the vocabulary, or a prefix that leaves no suffix to give the next token's logits."""
+        p = tuple(int(t) for t in prompt)
+        if not p:
+            raise ValueError(f"{where}: prompt {b} is empty; a prompt needs at least one token")
+        if len(p) >= self.max_len:
+            raise ValueError(f"{where}: prompt {b} has {len(p)} tokens; the cache holds max_len={self.max_len} "
+                             "positions and decoding needs at least one more")
+        bad = [t for t in p if not 0 <= t < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"{where}: prompt {b} holds token id {bad[0]}; expected 0..{self.config.vocab_size - 1}")
+        if prefix is not None and not 0 < prefix.seq_len < len(p):
+            raise ValueError(f"{where}: the prefix of prompt {b} holds {prefix.seq_len} tokens; expected "
+                             f"1..{len(p) - 1} (a suffix must remain to give the next token's logits)")
+        return p
 
     def held_bytes(self, length: int) -> int:
         """Bytes of KV one row of ``length`` tokens really holds: every position in a GA layer, at most the window
