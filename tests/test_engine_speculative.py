@@ -93,7 +93,11 @@ def test_candidates_logprobs_and_acceptance_as_the_plain_engine_reports_them(pai
         assert (o.finish_reason == "stop") == (4 in o.token_ids) and o.token_ids.count(4) <= 1
         assert o.finish_reason in ("stop", "length") and len(o.token_ids) <= 6
     assert eng.spec.rounds > 0 and 0 <= eng.spec.acceptance <= 1
-    assert eng.spec.tokens == sum(len(o.token_ids) for o in outs)
+    assert eng.tokens_generated == sum(len(o.token_ids) for o in outs)  # every token from a speculative round
+    twice = eng.spec + eng.spec  # two engines' counts, as the RL step sums them
+    assert (twice.rounds, twice.proposed, twice.accepted) == (2 * eng.spec.rounds, 2 * eng.spec.proposed,
+                                                               2 * eng.spec.accepted)
+    assert twice.accepted_length == pytest.approx(eng.spec.accepted_length)
     assert 1 <= eng.spec.accepted_length <= drafter.num_drafts + 1
     # greedy with a drafter equals greedy without one
     greedy = [GenerationRequest("g", PROMPT, max_new_tokens=8, temperature=0.0)]

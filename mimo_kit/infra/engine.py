@@ -348,7 +348,7 @@ class InProcessEngine:
                 if bool(done.all()):
                     break
         if fast:  # every row holds its KV until the batch ends (rows that stopped were fed pads)
-            held = sum(cache.held_bytes(int(n)) for n in cache.lengths.tolist())
+            held = sum(cache.held_bytes(n) for n in cache.lengths.tolist())
             self.kv_peak_bytes = max(self.kv_peak_bytes, held)
         if want_routing:
             captures = record.indices  # [layers, B·T + steps·B, k]
@@ -369,19 +369,20 @@ class InProcessEngine:
 
 @dataclasses.dataclass
 class SpecCounts:
-    """Speculative decoding's work since the last reset: verification rounds, drafts proposed and accepted, tokens
-    emitted. ``accepted_length`` = tokens per backbone forward (accepted drafts + 1 per round)."""
+    """Speculative decoding's work since the last reset: verification rounds, drafts proposed and accepted.
+    ``accepted_length`` = tokens per backbone forward (accepted drafts + 1 per round); ``a + b`` sums two engines'."""
 
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
-    tokens: int = 0
 
     def add(self, res: Any) -> None:
         self.rounds += len(res.accepted)
         self.proposed += sum(res.proposed_by_position)
         self.accepted += sum(res.accepted)
-        self.tokens += len(res.tokens)
+
+    def __add__(self, other: SpecCounts) -> SpecCounts:
+        return SpecCounts(self.rounds + other.rounds, self.proposed + other.proposed, self.accepted + other.accepted)
 
     @property
     def accepted_length(self) -> float:

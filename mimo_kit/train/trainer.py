@@ -1223,10 +1223,9 @@ def token_rows(samples: list[Sample]) -> list[list[int]]:
 def speculative_row(engine: Any, refresher: DrafterRefresher, loss: float | None) -> dict:
     """The step's speculative decoding: tokens per backbone forward, accepted share of the drafts checked, the
     refresh's loss; the engines' counts start again."""
-    total = SpecCounts()
-    for e in engines_of(engine):
-        total.rounds, total.accepted, total.proposed = (total.rounds + e.spec.rounds, total.accepted + e.spec.accepted,
-                                                        total.proposed + e.spec.proposed)
+    engines = engines_of(engine)
+    total = sum((e.spec for e in engines), SpecCounts())
+    for e in engines:
         e.spec = SpecCounts()
     return {"spec_accepted_length": total.accepted_length if total.rounds else None,
             "spec_acceptance": total.acceptance if total.proposed else None, "drafter_loss": loss,
