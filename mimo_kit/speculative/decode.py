@@ -177,10 +177,11 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
             proposed_at[i] += 1
             accepted_at[i] += int(i < a)
         accepted.append(a)
-        for i, tok in enumerate([*drafts[:a].tolist(), nxt]):
+        emitted = [*drafts[:a].tolist(), nxt]
+        for i, tok in enumerate(emitted):
             keep(int(tok), p[i], lsm[i])
         anchor, pos = nxt, pos + a + 1
-        if stops & set(tokens):
+        if stops.intersection(emitted):
             break
         if should_stop is not None and should_stop() and len(tokens) < max_new_tokens:
             return SpecResult(tokens, accepted, proposed_at, accepted_at, time.perf_counter() - t0, logprobs,
