@@ -45,6 +45,7 @@ from mimo_kit.infra.rollout import (
     RolloutSettings,
     act_one,
     apply_turn,
+    context_full,
     grade,
     group_sample,
     next_request,
@@ -161,15 +162,14 @@ class ContinuousEngine(InProcessEngine):
                 while ready:
                     r = ready.popleft()
                     k = kept.get(id(r))
-                    prompt = r.token_ids()
-                    if len(prompt) + settings.max_action_tokens > max_len:  # the context is full: as at max_turns
+                    if context_full(r, settings, max_len):  # the driver's rule: as at max_turns
                         r.finish = "length"
                         self._release(kept.pop(id(r), None), free, cache)
                         continue
                     if (k is None or k.row is None) and not free:
                         waiting.append(r)
                         continue
-                    self._admit(r, prompt, kept.pop(id(r), None), free, cache, decoding, settings, base)
+                    self._admit(r, r.token_ids(), kept.pop(id(r), None), free, cache, decoding, settings, base)
                 ready = waiting
                 self._measure(cache, decoding, kept)
                 if not decoding:
@@ -182,7 +182,6 @@ class ContinuousEngine(InProcessEngine):
                     tools[pool.submit(act_one, row.rollout, list(row.tokens), reason)] = (
                         row.rollout, list(row.tokens), row.logprobs, [version] * len(row.tokens),
                         row.candidates if settings.return_candidates else None, reason)
-                self._measure(cache, decoding, kept)
                 if decoding:
                     self._decode(decoding, feed, cache)
 

@@ -202,11 +202,10 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
     environment failed. Returns the number of rollouts sent to the engine.
     """
     live = [r for r in rollouts if r.live]
-    if settings.max_context:  # the model cannot see past its context: the episode ends as at its turn limit
-        for r in live:
-            if r.pending is None and len(r.token_ids()) + settings.max_action_tokens > settings.max_context:
-                r.finish = "length"
-        live = [r for r in live if r.live]
+    for r in live:  # the model cannot see past its context: the episode ends as at its turn limit
+        if r.pending is None and context_full(r, settings, settings.max_context):
+            r.finish = "length"
+    live = [r for r in live if r.live]
     if not live:
         return 0
     reqs = [resume_request(*r.pending) if r.pending is not None else next_request(r, settings) for r in live]
@@ -249,6 +248,11 @@ def advance(engine: Any, rollouts: Sequence[Rollout], settings: RolloutSettings,
     for (r, ids, lps, versions, cands, routed, _), turn in zip(acting, turns):
         apply_turn(r, turn, ids, lps, versions, cands, routed, settings)
     return len(live)
+
+
+def context_full(r: Rollout, settings: RolloutSettings, limit: int) -> bool:
+    """Whether the rollout's context and one more action would pass ``limit`` positions (0: no limit)."""
+    return bool(limit) and len(r.token_ids()) + settings.max_action_tokens > limit
 
 
 def next_request(r: Rollout, settings: RolloutSettings) -> GenerationRequest:
