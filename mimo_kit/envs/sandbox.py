@@ -239,8 +239,8 @@ class SandboxProcess:
             if self.uid is not None and "pid_namespace" not in self.layers:
                 escapees += kill_uid(self.uid)
             p.wait()
-            if killed and self.uid is not None:  # everything was SIGKILLed (the namespace's init died, or the
-                wait_gone(lambda: uid_pids(self.uid), EXIT_WAIT_S)  # sweep above): let the dying finish exiting
+            if killed and self.uid is not None and not wait_gone(lambda: uid_pids(self.uid), EXIT_WAIT_S):
+                escapees += kill_uid(self.uid)  # the dying had EXIT_WAIT_S to finish exiting; what is left escaped
             for f, tail in ((p.stdout, self.out), (p.stderr, self.err)):
                 drain(f, tail)  # what the command wrote before it died
                 f.close()
