@@ -48,7 +48,6 @@ from mimo_kit.infra.rollout import (
     context_full,
     grade,
     group_sample,
-    next_request,
     start_groups,
 )
 from mimo_kit.infra.timeline import span
@@ -169,7 +168,7 @@ class ContinuousEngine(InProcessEngine):
                     if (k is None or k.row is None) and not free:
                         waiting.append(r)
                         continue
-                    self._admit(r, r.token_ids(), kept.pop(id(r), None), free, cache, decoding, settings, base)
+                    self._admit(r, r.token_ids(), kept.pop(id(r), None), free, cache, decoding, base)
                 ready = waiting
                 self._measure(cache, decoding, kept)
                 if not decoding:
@@ -234,7 +233,7 @@ class ContinuousEngine(InProcessEngine):
         return self.device.type == "cuda"
 
     def _admit(self, r: Rollout, prompt: list[int], k: _Kept | None, free: list[int], cache: StaticKVCache,
-               decoding: dict[int, _Row], settings: RolloutSettings, base: int) -> None:
+               decoding: dict[int, _Row], base: int) -> None:
         """Row for ``r``'s next action: its kept KV continued over the new suffix (a whole prefill on a first turn,
         or when the context was rewritten and the kept tokens are no longer its prefix)."""
         extends = k is not None and 0 < len(k.tokens) < len(prompt) and prompt[:len(k.tokens)] == k.tokens
@@ -255,8 +254,7 @@ class ContinuousEngine(InProcessEngine):
         logits = cache.fill_row(self.model, b, prompt, prefix)
         self.prefill_tokens += cache.prefilled
         self.admissions += 1
-        req = next_request(r, settings)
-        g = torch.Generator().manual_seed(request_seed(base, req.request_id, len(prompt)))
+        g = torch.Generator().manual_seed(request_seed(base, r.request_id, len(prompt)))
         decoding[b] = _Row(r, prompt, g, logits.float().cpu())
 
     @staticmethod
