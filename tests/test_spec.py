@@ -272,3 +272,19 @@ def test_step_costs_give_each_median_with_its_quartiles():
     costs = step_costs(bb, {"block B=4": make_drafter("block", 4, bb, 4)}, prompt, (4,), reps=8, quartiles=quartiles)
     assert set(costs) == set(quartiles) == {"backbone 1 token", "backbone 4 tokens", "block B=4 propose"}
     assert all(quartiles[k][0] <= costs[k] <= quartiles[k][1] for k in costs)
+
+
+@pytest.mark.parametrize("preset", ["pays", "deep"])
+def test_timing_presets_build_their_backbone_and_keep_the_drafter_window_within_its_training_sequences(preset):
+    from mimo_kit.pretrain import PretrainConfig
+    from mimo_kit.speculative.bench import BACKBONE_SHAPES, SpecBenchConfig
+
+    cfg = SpecBenchConfig.preset(preset)
+    model_cfg = PretrainConfig.preset("tiny").override(dict(BACKBONE_SHAPES[cfg.backbone_shape])).model
+    model_cfg.check()
+    bb = MiMoForCausalLM(model_cfg)
+    assert len(bb.moe_layers()) == model_cfg.num_hidden_layers - len(model_cfg.dense_layers) > 0
+    if preset == "deep":  # deeper than `pays`: a 1-layer drafter is a smaller share of a decode step
+        assert model_cfg.num_hidden_layers == 2 * BACKBONE_SHAPES["pays"]["model.num_hidden_layers"]
+        # the block drafter never attends at decode to more backbone positions than a training sequence shows it
+        assert all(cfg.train.drafter.context_window <= cfg.train.seq_len - B for B in cfg.block_sizes)

@@ -66,6 +66,12 @@ class SpecBenchConfig(Config):
                  "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
                  "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512,
                  "seeds": 1},  # a timing benchmark of one drafter per setting (benchmarks/bench_spec.py)
+        # As `pays` on a deeper, narrower backbone (16 layers of hidden 128): a decode step runs twice the layers
+        # of fixed cost, so a 1-layer drafter and a 6-token verification cost less of it (benchmarks/RESULTS_spec.md)
+        "deep": {"backbone_shape": "deep", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
+                 "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
+                 "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512,
+                 "train.drafter.context_window": 16, "seeds": 1},
     }
 
     def check(self) -> None:
@@ -85,6 +91,13 @@ BACKBONE_SHAPES: dict[str, dict] = {
              "model.head_dim": 64, "model.v_head_dim": 64, "model.intermediate_size": 768,
              "model.moe_intermediate_size": 384, "model.n_routed_experts": 4, "model.num_experts_per_tok": 1,
              "model.dense_layers": (0, 1, 2, 3, 4, 5), "model.global_layers": tuple(range(8))},
+    # hidden 128, 16 layers (12 dense, 4 MoE with 4 experts, top-1), global attention: per layer a quarter of the
+    # arithmetic of `pays`, twice the layers; measured on one core: a 6-token forward 1.2× a decode step, a 1-layer
+    # block drafter's propose 0.09×, the MTP chain of 5 depths 0.45× (`pays`: 1.41×, 0.14×, 0.78×)
+    "deep": {"model.hidden_size": 128, "model.num_hidden_layers": 16, "model.num_attention_heads": 4,
+             "model.head_dim": 32, "model.v_head_dim": 32, "model.intermediate_size": 384,
+             "model.moe_intermediate_size": 192, "model.n_routed_experts": 4, "model.num_experts_per_tok": 1,
+             "model.dense_layers": tuple(range(12)), "model.global_layers": tuple(range(16))},
 }
 
 
