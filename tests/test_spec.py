@@ -228,14 +228,18 @@ def test_measure_alternates_rounds_and_reports_medians_with_their_range():
 
     bb = backbone(4)
     prompts = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(4))
-    for drafter in (make_drafter("block", 4, bb, 4), make_drafter("mtp", 4, bb, 4)):
-        row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3)
+    for drafter, fast in ((make_drafter("block", 4, bb, 4), False), (make_drafter("mtp", 4, bb, 4), True)):
+        row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3, fast=fast)
         assert row["rounds"] == 3 and row["block"] == 4 and row["accepted_length"] >= 1
         assert row["draft_rounds"] >= len(prompts) and row["accepted_length_se"] >= 0
-        for key in ("plain_tok_s", "spec_tok_s", "speedup"):
+        keys = ("plain_tok_s", "spec_tok_s", "speedup") + (("fast_tok_s", "speedup_fast") if fast else ())
+        for key in keys:
             lo, hi = row[f"{key}_range"]
             assert lo <= row[key] <= hi
-        assert row["drafter"] in markdown([row])
+        assert ("speedup_fast" in row) == fast
+        table = markdown([row])
+        assert row["drafter"] in table and ("fast path" in table) == fast
+        assert len(table.splitlines()[1].split("|")) == len(table.splitlines()[2].split("|"))  # header = row cells
     cfg = SpecBenchConfig.preset("pays")
     m = mtp_train_config(cfg, 6)
     assert (m.mtp.block_size, m.steps, m.lr, m.mtp.gamma) == (6, cfg.mtp_steps, cfg.train.lr, cfg.train.drafter.gamma)

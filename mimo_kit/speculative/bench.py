@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.fast_decode import fast_generate
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.decode import Drafter, speculative_generate
 from mimo_kit.speculative.mtp import MTPDrafter
@@ -48,6 +49,8 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = runs/ch02b in the "
                                      "working directory, as every run folder")
     seed: int = knob(0, "prompts and sampling", min=0)
+    fast_plain: bool = knob(False, "also time plain decoding on the static-cache fast path (fast_generate), the "
+                                   "kit's fastest batch-1 decoding, and the speedup against it")
     rounds: int = knob(1, "alternated plain/speculative timing rounds per drafter seed; medians and spreads over "
                           "seeds × rounds", min=1)
     seeds: int = knob(3, "drafter seeds (init, data order, anchors: train.seed, train.seed + 1, …) per setting; "
@@ -71,7 +74,7 @@ class SpecBenchConfig(Config):
         "deep": {"backbone_shape": "deep", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
                  "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
                  "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512,
-                 "train.drafter.context_window": 16, "seeds": 1},
+                 "train.drafter.context_window": 16, "seeds": 1, "fast_plain": True},
     }
 
     def check(self) -> None:
@@ -126,7 +129,7 @@ def backbone_and_streams(cfg: SpecBenchConfig) -> tuple[MiMoForCausalLM, object,
 
 
 def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, new_tokens: int,
-            temperature: float, seed: int, rounds: int = 1, progress=None) -> dict:
+            temperature: float, seed: int, rounds: int = 1, progress=None, fast: bool = False) -> dict:
     """Plain vs speculative decoding on each prompt [n, T]: accepted length, per-position acceptance, tok/s.
 
     Each of ``rounds`` rounds decodes every prompt plainly (:func:`mimo_kit.model.generate`) and speculatively,
@@ -134,17 +137,24 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
     median and min–max over rounds. The accepted length is the mean tokens per draft round (one backbone pass) over
     the ``draft_rounds`` of every prompt, with ``accepted_length_se``, the standard error of that mean: a yardstick
     for comparing two measurements on the same prompts, not a test (a prompt's rounds are not independent).
+    ``fast`` also times plain decoding on the static-cache path (:func:`~mimo_kit.model.fast_generate`) in each
+    round: ``fast_tok_s`` and ``speedup_fast`` (speculative over it), with their ranges.
     """
     K = drafter.num_drafts
-    plain, spec, ratio, lengths = [], [], [], []
+    plain, spec, ratio, lengths, fast_plain, fast_ratio = [], [], [], [], [], []
     proposed, accepted = [0] * K, [0] * K
     for r in range(rounds):
-        plain_s, spec_s, n_tokens = 0.0, 0.0, 0
+        plain_s, spec_s, fast_s, n_tokens = 0.0, 0.0, 0.0, 0
         for i, prompt in enumerate(prompts):
             g = torch.Generator().manual_seed(seed + i)
             start = time.perf_counter()
             generate(backbone, prompt[None], new_tokens, temperature=temperature, generator=g)
             plain_s += time.perf_counter() - start
+            if fast:
+                start = time.perf_counter()
+                fast_generate(backbone, prompt[None], new_tokens, temperature=temperature,
+                              generator=torch.Generator().manual_seed(seed + i))
+                fast_s += time.perf_counter() - start
             res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed + i))
             spec_s += res.seconds
@@ -156,6 +166,9 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
         plain.append(len(prompts) * new_tokens / plain_s)
         spec.append(n_tokens / spec_s)
         ratio.append(spec[-1] / plain[-1])
+        if fast:
+            fast_plain.append(len(prompts) * new_tokens / fast_s)
+            fast_ratio.append(spec[-1] / fast_plain[-1])
         if progress is not None:
             progress(f"round {r + 1}/{rounds}: plain {plain[-1]:.0f} tok/s, speculative {spec[-1]:.0f} tok/s")
     return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
@@ -165,7 +178,10 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
             "plain_tok_s": statistics.median(plain), "spec_tok_s": statistics.median(spec),
             "speedup": statistics.median(ratio), "plain_tok_s_range": (min(plain), max(plain)),
             "spec_tok_s_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
-            "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)]}
+            "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
+            **({"fast_tok_s": statistics.median(fast_plain), "fast_tok_s_range": (min(fast_plain), max(fast_plain)),
+                "speedup_fast": statistics.median(fast_ratio),
+                "speedup_fast_range": (min(fast_ratio), max(fast_ratio))} if fast else {})}
 
 
 @torch.no_grad()
@@ -271,17 +287,21 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                     if say:
                         say(f"{name}, seed {s}, temperature {T}, round {r + 1}/{cfg.rounds}")
                     per.setdefault((name, T, s), []).append(
-                        measure(backbone, seeded[s], prompts, new_tokens, T, cfg.seed, 1, say))
+                        measure(backbone, seeded[s], prompts, new_tokens, T, cfg.seed, 1, say, cfg.fast_plain))
     seed_rows = [{**ms[0], "name": name, "seed": cfg.train.seed + s,
                   "spec_tok_s_rounds": [m["spec_tok_s"] for m in ms], "speedup_rounds": [m["speedup"] for m in ms],
-                  "plain_tok_s_rounds": [m["plain_tok_s"] for m in ms]} for (name, T, s), ms in per.items()]
+                  "plain_tok_s_rounds": [m["plain_tok_s"] for m in ms],
+                  **({"fast_tok_s_rounds": [m["fast_tok_s"] for m in ms],
+                      "speedup_fast_rounds": [m["speedup_fast"] for m in ms]} if cfg.fast_plain else {})}
+                 for (name, T, s), ms in per.items()]
     rows = []
     for name in drafters:
         for T in cfg.temperatures:
             mine = [r for r in seed_rows if r["name"] == name and r["temperature"] == T]
             acc = spread([r["accepted_length"] for r in mine], with_values=True)
             timing = {k: spread([v for r in mine for v in r[f"{k}_rounds"]], with_values=True)
-                      for k in ("plain_tok_s", "spec_tok_s", "speedup")}
+                      for k in ("plain_tok_s", "spec_tok_s", "speedup")
+                      + (("fast_tok_s", "speedup_fast") if cfg.fast_plain else ())}
             K = len(mine[0]["acceptance_by_position"])
             rows.append({"drafter": mine[0]["drafter"], "name": name, "block": mine[0]["block"], "temperature": T,
                          "accepted_length": acc["mean"], "accepted_length_sd": acc["sd"],
@@ -312,8 +332,10 @@ def throughput_ratios(seed_rows: list[dict], a: str, b: str, temperature: float)
 def markdown(rows: list[dict]) -> str:
     """Accepted length as mean ± sd over drafter seeds (one seed: the value); tok/s and speedup as the median over
     seeds × rounds, min–max in brackets."""
+    fast = all("fast_tok_s" in r for r in rows)  # plain decoding on the fast path too: two more columns
     head = ("| drafter | block B | temperature | seeds | mean accepted length | plain tok/s | speculative tok/s | "
-            "speedup |\n|---|---|---|---|---|---|---|---|\n")
+            "speedup |" + (" plain tok/s, fast path | speedup over the fast path |" if fast else "") + "\n|"
+            + "---|" * (10 if fast else 8) + "\n")
 
     def rng(r, key, fmt):
         lo, hi = r.get(f"{key}_range", (r[key], r[key]))
@@ -325,6 +347,7 @@ def markdown(rows: list[dict]) -> str:
     return head + "\n".join(f"| {r.get('drafter', 'block')} | {r['block']} | {r['temperature']} | "
                             f"{r.get('seeds', 1)} | {acc(r)} | {rng(r, 'plain_tok_s', '.0f')} | "
                             f"{rng(r, 'spec_tok_s', '.0f')} | {rng(r, 'speedup', '.2f')}× |"
+                            + (f" {rng(r, 'fast_tok_s', '.0f')} | {rng(r, 'speedup_fast', '.2f')}× |" if fast else "")
                             for r in rows) + "\n"
 
 
