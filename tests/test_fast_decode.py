@@ -163,3 +163,55 @@ def test_compiled_decode_equals_the_eager_step_over_a_generation():
     a = fast_generate(model, prompts, n + 1)
     b = fast_generate(model, prompts, n + 1, compiled=True)
     assert torch.equal(b.tokens, a.tokens)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_blocks_with_rejected_tokens_rolled_back_match_the_full_forward(seed):
+    """Speculative verification on the static cache: rows of different lengths take blocks of T ≤ slack + 1 tokens,
+    keep a random prefix of each (the anchor and the accepted drafts) and roll the rest back; every block's logits
+    and hidden states equal the no-cache forward of the row's kept tokens plus the block (SWA rings of 2–8 slots:
+    the rejected keys sit in spare slots and must stay masked)."""
+    from mimo_kit.model.fast_decode import block_logits
+
+    model = random_model(seed)
+    V = model.config.vocab_size
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    slack, rows = rng.randint(1, 5), 3
+    seqs = [torch.randint(1, V, (rng.randint(1, 12),), generator=g).tolist() for _ in range(rows)]
+    cache = StaticKVCache(model.config, rows, 120, slack=slack)
+    cache.prefill(model, seqs)
+    with torch.no_grad():
+        for _ in range(10):
+            T = rng.randint(1, slack + 1)
+            block = torch.randint(1, V, (rows, T), generator=g)
+            logits, hidden, last = block_logits(model, block, cache, cache.span + T, output_hidden_states=True)
+            for b in range(rows):
+                full = model(torch.tensor([seqs[b] + block[b].tolist()]), output_hidden_states=True)
+                torch.testing.assert_close(logits[b], full.logits[0, -T:], atol=1e-4, rtol=1e-4)
+                torch.testing.assert_close(last[b], full.last_hidden_state[0, -T:], atol=1e-4, rtol=1e-4)
+                for mine, ref in zip(hidden, full.hidden_states):
+                    torch.testing.assert_close(mine[b], ref[0, -T:], atol=1e-4, rtol=1e-4)
+            kept = [rng.randint(1, T) for _ in range(rows)]
+            cache.rollback([T - k for k in kept])
+            for b in range(rows):
+                seqs[b] += block[b, : kept[b]].tolist()
+            assert cache.lengths.tolist() == [len(s) for s in seqs] and cache.span == max(map(len, seqs))
+
+
+def test_rollback_refuses_more_than_the_slack_and_a_wrong_row_count():
+    model = random_model(0)
+    cache = StaticKVCache(model.config, 2, 32, slack=2)
+    cache.prefill(model, [[1, 2, 3], [4, 5]])
+    with pytest.raises(ValueError, match="slack=2"):
+        cache.rollback([3, 0])
+    with pytest.raises(ValueError, match="1 counts for a cache of batch 2"):
+        cache.rollback([1])
+    roomy = StaticKVCache(model.config, 2, 32, slack=5)
+    roomy.prefill(model, [[1, 2, 3], [4, 5]])
+    with pytest.raises(ValueError, match=r"lengths? \[3, 2\]"):
+        roomy.rollback([0, 3])  # within the slack, but row 1 holds 2 tokens
+    roomy.rollback([3, 2])
+    assert roomy.lengths.tolist() == [0, 0] and roomy.span == 0
+    with pytest.raises(ValueError, match="slack"):
+        StaticKVCache(model.config, 1, 8, slack=-1)

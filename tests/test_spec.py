@@ -78,21 +78,23 @@ def make_oracle(kind, block, bb, ref, prompt_len, wrong):
     return OracleMTP(MTPConfig.preset("tiny", block_size=block), bb, ref, prompt_len, wrong).eval()
 
 
+@pytest.mark.parametrize("fast", [False, True], ids=["kv-cache", "static-cache"])
 @pytest.mark.parametrize("kind", ["block", "mtp"])
 @pytest.mark.parametrize("seed, block", [(0, 4), (1, 6), (2, 8)])
-def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block, kind, no_near_ties):
+def test_greedy_speculative_equals_greedy_with_random_and_oracle_drafters(seed, block, kind, fast, no_near_ties):
     bb = backbone(seed)
     prompt = torch.randint(0, 512, (1, 3 * bb.config.sliding_window + 5), generator=torch.Generator().manual_seed(seed))
     ref = generate(bb, prompt, 40).tokens[0].tolist()
     # verification blocks and single decode steps round differently; without near ties both pick the same tokens
     no_near_ties(bb, torch.cat([prompt, torch.tensor([ref[:-1]])], 1), greedy_from=prompt.shape[1] - 1)
     random_drafter = make_drafter(kind, block, bb, seed)
-    assert speculative_generate(bb, random_drafter, prompt, 40).tokens == ref
+    assert speculative_generate(bb, random_drafter, prompt, 40, fast=fast).tokens == ref
     wrong = 3 if block > 4 else 2
-    out = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], wrong), prompt, 40)
+    out = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], wrong), prompt, 40, fast=fast)
     assert out.tokens == ref  # accepted drafts, rejections and cache rollbacks leave the output unchanged
     assert set(out.accepted) == {wrong - 1} and out.mean_accepted_length == wrong
-    perfect = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], block + 1), prompt, 40)
+    perfect = speculative_generate(bb, make_oracle(kind, block, bb, ref, prompt.shape[1], block + 1), prompt, 40,
+                                   fast=fast)
     assert perfect.tokens == ref and set(perfect.accepted[:-1]) == {block - 1}
 
 
@@ -141,8 +143,8 @@ def test_a_broken_residual_is_detected(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["block", "mtp"])
-def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model(kind):
+@pytest.mark.parametrize("kind, fast", [("block", False), ("mtp", False), ("block", True)])
+def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model(kind, fast):
     """Tokens 2 and 3 of each run pass through draft verification; their joint law must be the backbone's."""
     V, n = 3, 400
     torch.manual_seed(3)
@@ -159,7 +161,7 @@ def test_end_to_end_sampling_is_lossless_on_a_small_vocabulary_model(kind):
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(V, V)
     for _ in range(n):
-        t = speculative_generate(bb, drafter, prompt, 3, temperature=1.0, generator=gen).tokens
+        t = speculative_generate(bb, drafter, prompt, 3, temperature=1.0, generator=gen, fast=fast).tokens
         counts[t[1], t[2]] += 1
     with torch.no_grad():  # exact p(t2, t3) = Σ_t1 p(t1) p(t2 | t1) p(t3 | t1, t2), from full forwards
         grid = torch.cartesian_prod(torch.arange(V), torch.arange(V))  # rows (t1, t2)
@@ -232,7 +234,8 @@ def test_measure_alternates_rounds_and_reports_medians_with_their_range():
         row = measure(bb, drafter, prompts, 6, 0.0, 0, rounds=3, fast=fast)
         assert row["rounds"] == 3 and row["block"] == 4 and row["accepted_length"] >= 1
         assert row["draft_rounds"] >= len(prompts) and row["accepted_length_se"] >= 0
-        keys = ("plain_tok_s", "spec_tok_s", "speedup") + (("fast_tok_s", "speedup_fast") if fast else ())
+        keys = ("plain_tok_s", "spec_tok_s", "speedup") + (("fast_tok_s", "fast_spec_tok_s", "speedup_fast")
+                                                            if fast else ())
         for key in keys:
             lo, hi = row[f"{key}_range"]
             assert lo <= row[key] <= hi

@@ -135,7 +135,8 @@ class InProcessEngine:
     ``prefix_cache.peak_nbytes``.
 
     ``drafter`` (a :class:`~mimo_kit.speculative.decode.Drafter`: the block drafter or MTP; :meth:`set_drafter`
-    swaps in a refreshed one) decodes each request speculatively, one sequence at a time, lossless under the
+    swaps in a refreshed one) decodes each request speculatively, one sequence at a time on the static cache of the
+    fast path (verification with :func:`~mimo_kit.model.fast_decode.block_logits`), lossless under the
     request's temperature, top-k and top-p (:func:`~mimo_kit.speculative.decode.speculative_sample`): the same
     distribution of tokens, other draws of the sampling stream. Requests that capture routing (R3) decode plainly.
     :attr:`spec` counts rounds, drafts proposed and accepted (reset it to log a step's acceptance).
@@ -280,7 +281,7 @@ class InProcessEngine:
         res = speculative_sample(self.model, self.drafter, list(r.prompt_ids), r.max_new_tokens,
                                  temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                  stop_token_ids=tuple(r.stop_token_ids), generator=self.generator,
-                                 return_candidates=r.return_candidates, should_stop=should_stop)
+                                 return_candidates=r.return_candidates, should_stop=should_stop, fast=True)
         self.prefill_tokens += len(r.prompt_ids)
         self.tokens_generated += len(res.tokens)
         self.spec.add(res)

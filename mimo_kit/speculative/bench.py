@@ -49,8 +49,8 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = runs/ch02b in the "
                                      "working directory, as every run folder")
     seed: int = knob(0, "prompts and sampling", min=0)
-    fast_plain: bool = knob(False, "also time plain decoding on the static-cache fast path (fast_generate), the "
-                                   "kit's fastest batch-1 decoding, and the speedup against it")
+    fast_plain: bool = knob(False, "also time plain and speculative decoding on the static-cache fast path (the "
+                                   "kit's fastest batch-1 decoding), and the speedup there")
     rounds: int = knob(1, "alternated plain/speculative timing rounds per drafter seed; medians and spreads over "
                           "seeds × rounds", min=1)
     seeds: int = knob(3, "drafter seeds (init, data order, anchors: train.seed, train.seed + 1, …) per setting; "
@@ -137,14 +137,16 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
     median and min–max over rounds. The accepted length is the mean tokens per draft round (one backbone pass) over
     the ``draft_rounds`` of every prompt, with ``accepted_length_se``, the standard error of that mean: a yardstick
     for comparing two measurements on the same prompts, not a test (a prompt's rounds are not independent).
-    ``fast`` also times plain decoding on the static-cache path (:func:`~mimo_kit.model.fast_generate`) in each
-    round: ``fast_tok_s`` and ``speedup_fast`` (speculative over it), with their ranges.
+    ``fast`` also times both on the static-cache fast path in each round (plain :func:`~mimo_kit.model.
+    fast_generate`, speculative verification with :func:`~mimo_kit.model.fast_decode.block_logits`): ``fast_tok_s``,
+    ``fast_spec_tok_s`` and ``speedup_fast``, with their ranges (same seeds: the same accepted lengths up to
+    float rounding)
     """
     K = drafter.num_drafts
-    plain, spec, ratio, lengths, fast_plain, fast_ratio = [], [], [], [], [], []
+    plain, spec, ratio, lengths, fast_plain, fast_spec, fast_ratio = [], [], [], [], [], [], []
     proposed, accepted = [0] * K, [0] * K
     for r in range(rounds):
-        plain_s, spec_s, fast_s, n_tokens = 0.0, 0.0, 0.0, 0
+        plain_s, spec_s, fast_s, fast_spec_s, n_tokens, fast_tokens = 0.0, 0.0, 0.0, 0.0, 0, 0
         for i, prompt in enumerate(prompts):
             g = torch.Generator().manual_seed(seed + i)
             start = time.perf_counter()
@@ -155,6 +157,10 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
                 fast_generate(backbone, prompt[None], new_tokens, temperature=temperature,
                               generator=torch.Generator().manual_seed(seed + i))
                 fast_s += time.perf_counter() - start
+                quick = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
+                                             generator=torch.Generator().manual_seed(seed + i), fast=True)
+                fast_spec_s += quick.seconds
+                fast_tokens += len(quick.tokens)
             res = speculative_generate(backbone, drafter, prompt[None], new_tokens, temperature=temperature,
                                        generator=torch.Generator().manual_seed(seed + i))
             spec_s += res.seconds
@@ -168,7 +174,8 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
         ratio.append(spec[-1] / plain[-1])
         if fast:
             fast_plain.append(len(prompts) * new_tokens / fast_s)
-            fast_ratio.append(spec[-1] / fast_plain[-1])
+            fast_spec.append(fast_tokens / fast_spec_s)
+            fast_ratio.append(fast_spec[-1] / fast_plain[-1])
         if progress is not None:
             progress(f"round {r + 1}/{rounds}: plain {plain[-1]:.0f} tok/s, speculative {spec[-1]:.0f} tok/s")
     return {"drafter": "mtp" if isinstance(drafter, MTPDrafter) else "block", "block": K + 1,
@@ -180,6 +187,8 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
             "spec_tok_s_range": (min(spec), max(spec)), "speedup_range": (min(ratio), max(ratio)), "rounds": rounds,
             "acceptance_by_position": [a / p if p else 0.0 for a, p in zip(accepted, proposed)],
             **({"fast_tok_s": statistics.median(fast_plain), "fast_tok_s_range": (min(fast_plain), max(fast_plain)),
+                "fast_spec_tok_s": statistics.median(fast_spec),
+                "fast_spec_tok_s_range": (min(fast_spec), max(fast_spec)),
                 "speedup_fast": statistics.median(fast_ratio),
                 "speedup_fast_range": (min(fast_ratio), max(fast_ratio))} if fast else {})}
 
@@ -292,6 +301,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                   "spec_tok_s_rounds": [m["spec_tok_s"] for m in ms], "speedup_rounds": [m["speedup"] for m in ms],
                   "plain_tok_s_rounds": [m["plain_tok_s"] for m in ms],
                   **({"fast_tok_s_rounds": [m["fast_tok_s"] for m in ms],
+                      "fast_spec_tok_s_rounds": [m["fast_spec_tok_s"] for m in ms],
                       "speedup_fast_rounds": [m["speedup_fast"] for m in ms]} if cfg.fast_plain else {})}
                  for (name, T, s), ms in per.items()]
     rows = []
@@ -301,7 +311,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
             acc = spread([r["accepted_length"] for r in mine], with_values=True)
             timing = {k: spread([v for r in mine for v in r[f"{k}_rounds"]], with_values=True)
                       for k in ("plain_tok_s", "spec_tok_s", "speedup")
-                      + (("fast_tok_s", "speedup_fast") if cfg.fast_plain else ())}
+                      + (("fast_tok_s", "fast_spec_tok_s", "speedup_fast") if cfg.fast_plain else ())}
             K = len(mine[0]["acceptance_by_position"])
             rows.append({"drafter": mine[0]["drafter"], "name": name, "block": mine[0]["block"], "temperature": T,
                          "accepted_length": acc["mean"], "accepted_length_sd": acc["sd"],
@@ -334,8 +344,8 @@ def markdown(rows: list[dict]) -> str:
     seeds × rounds, min–max in brackets."""
     fast = all("fast_tok_s" in r for r in rows)  # plain decoding on the fast path too: two more columns
     head = ("| drafter | block B | temperature | seeds | mean accepted length | plain tok/s | speculative tok/s | "
-            "speedup |" + (" plain tok/s, fast path | speedup over the fast path |" if fast else "") + "\n|"
-            + "---|" * (10 if fast else 8) + "\n")
+            "speedup |" + (" fast path: plain tok/s | fast path: speculative tok/s | fast path: speedup |" if fast
+                           else "") + "\n|" + "---|" * (11 if fast else 8) + "\n")
 
     def rng(r, key, fmt):
         lo, hi = r.get(f"{key}_range", (r[key], r[key]))
@@ -347,7 +357,8 @@ def markdown(rows: list[dict]) -> str:
     return head + "\n".join(f"| {r.get('drafter', 'block')} | {r['block']} | {r['temperature']} | "
                             f"{r.get('seeds', 1)} | {acc(r)} | {rng(r, 'plain_tok_s', '.0f')} | "
                             f"{rng(r, 'spec_tok_s', '.0f')} | {rng(r, 'speedup', '.2f')}× |"
-                            + (f" {rng(r, 'fast_tok_s', '.0f')} | {rng(r, 'speedup_fast', '.2f')}× |" if fast else "")
+                            + (f" {rng(r, 'fast_tok_s', '.0f')} | {rng(r, 'fast_spec_tok_s', '.0f')} | "
+                               f"{rng(r, 'speedup_fast', '.2f')}× |" if fast else "")
                             for r in rows) + "\n"
 
 

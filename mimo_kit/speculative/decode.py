@@ -16,9 +16,12 @@ after each input.
   p̃_i = softmax(truncate(z_i / T)) in place of p_i, so every token is distributed as under plain truncated sampling
   (:func:`~mimo_kit.model.generate.sample_next`), and each token's candidate set is the support of its p̃_i.
 
-Rejected positions are rolled back from the backbone's cache (its SWA rings keep ``block_size`` spare slots).
-The loop talks to the drafter through :class:`Drafter` (begin / propose / commit). :func:`speculative_sample` is
-the loop; :func:`speculative_generate` is its one-end-token form.
+Rejected positions are rolled back from the backbone's cache (its SWA rings keep ``block_size`` spare slots):
+the general forward's :class:`~mimo_kit.model.cache.KVCache`, or with ``fast=True`` the preallocated
+:class:`~mimo_kit.model.fast_decode.StaticKVCache` that plain decoding's fast path uses
+(:func:`~mimo_kit.model.fast_decode.block_logits`). The loop talks to the drafter through :class:`Drafter`
+(begin / propose / commit). :func:`speculative_sample` is the loop; :func:`speculative_generate` is its
+one-end-token form.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from typing import Any, Protocol
 
 import torch
 
-from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.decoder import CausalLMOutput, MiMoForCausalLM
+from mimo_kit.model.fast_decode import StaticKVCache, block_logits
 from mimo_kit.model.generate import truncate_logits
 
 
@@ -107,22 +111,30 @@ class Drafter(Protocol):
 @torch.no_grad()
 def speculative_generate(backbone: MiMoForCausalLM, drafter: Drafter, prompt: torch.Tensor,
                          max_new_tokens: int, *, temperature: float = 0.0, eos_token_id: int | None = None,
-                         generator: torch.Generator | None = None) -> SpecResult:
-    """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence) with any :class:`Drafter`."""
+                         generator: torch.Generator | None = None, fast: bool = False) -> SpecResult:
+    """Generate up to ``max_new_tokens`` after ``prompt`` [1, T] (one sequence) with any :class:`Drafter`
+    (``fast``: on the static cache, see :func:`speculative_sample`)."""
     if prompt.dim() != 2 or prompt.shape[0] != 1:
         raise ValueError(f"speculative_generate: prompt must be [1, T], got {tuple(prompt.shape)}")
     return speculative_sample(backbone, drafter, prompt[0].tolist(), max_new_tokens, temperature=temperature,
-                              stop_token_ids=() if eos_token_id is None else (eos_token_id,), generator=generator)
+                              stop_token_ids=() if eos_token_id is None else (eos_token_id,), generator=generator,
+                              fast=fast)
 
 
 @torch.no_grad()
 def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: list[int], max_new_tokens: int, *,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-                       return_candidates: bool = False, should_stop: Callable[[], bool] | None = None) -> SpecResult:
+                       return_candidates: bool = False, should_stop: Callable[[], bool] | None = None,
+                       fast: bool = False) -> SpecResult:
     """Up to ``max_new_tokens`` after ``prompt_ids``, ending at the first of ``stop_token_ids``: the tokens, each
     one's logprob and (``return_candidates``) its candidate set, and the drafts' acceptance. ``should_stop`` is
-    asked after every verification round; True cuts the generation there (``finish_reason`` "abort")."""
+    asked after every verification round; True cuts the generation there (``finish_reason`` "abort").
+
+    ``fast`` verifies on a :class:`~mimo_kit.model.fast_decode.StaticKVCache` (the kit decoder's fast decode
+    path, :func:`~mimo_kit.model.fast_decode.block_logits`) instead of the general forward: the same logits up
+    to float rounding, fewer small operations per round (the general forward, which raises by name, when a block
+    could run past ``max_position_embeddings``)."""
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
         raise ValueError(f"speculative_sample: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
                          f"top_k={top_k} (>= 0) expected")
@@ -133,9 +145,28 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
     K = drafter.num_drafts
     B = K + 1
     t0 = time.perf_counter()
-    cache = backbone.new_cache(slack=B)
     prompt = torch.tensor([prompt_ids], dtype=torch.long, device=next(backbone.parameters()).device)
-    out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
+    room = len(prompt_ids) + max_new_tokens + B  # every kept token plus one block of drafts past the last
+    if fast and room <= backbone.config.max_position_embeddings:
+        static = StaticKVCache(backbone.config, 1, room, dtype=next(backbone.parameters()).dtype,
+                               device=prompt.device, slack=B)
+        out = static.fill_row(backbone, 0, prompt_ids, output_hidden_states=True)
+
+        def verify(block: torch.Tensor) -> CausalLMOutput:
+            logits, hidden, last = block_logits(backbone, block, static, static.span + block.shape[1],
+                                                output_hidden_states=True)
+            return CausalLMOutput(logits, None, hidden, last)
+
+        def rollback(n: int) -> None:
+            static.rollback([n])
+    else:
+        cache = backbone.new_cache(slack=B)
+        out = backbone(prompt, cache, output_hidden_states=True, logits_to_keep=1)
+
+        def verify(block: torch.Tensor) -> CausalLMOutput:
+            return backbone(block, cache, output_hidden_states=True)
+
+        rollback = cache.rollback
     state = drafter.begin(backbone, out, prompt)
 
     def target(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,14 +195,14 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
     while len(tokens) < max_new_tokens and anchor not in stops:
         drafts, q_logits = drafter.propose(backbone, state, anchor, pos, temperature, generator)  # [K], [K, V]
         block = torch.cat([torch.tensor([anchor]), drafts.cpu()])[None].to(prompt.device)  # [1, B]
-        out = backbone(block, cache, output_hidden_states=True)
+        out = verify(block)
         p_logits = out.logits[0].float().cpu()  # [B, V]: p_i predicts the token after block[i]
         p, lsm = target(p_logits)
         if temperature == 0:
             a, nxt = verify_greedy(drafts.cpu(), p_logits)
         else:
             a, nxt = verify_sampling(drafts.cpu(), (q_logits.float().cpu() / temperature).softmax(-1), p, generator)
-        cache.rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
+        rollback(B - 1 - a)  # keep the anchor and the a accepted drafts
         state = drafter.commit(backbone, state, out, block, a, pos)
         for i in range(min(a + 1, K)):
             proposed_at[i] += 1
