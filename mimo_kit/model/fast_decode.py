@@ -285,8 +285,9 @@ def _sink_column(cache: StaticKVCache, i: int, a) -> torch.Tensor:
     return cols[i]
 
 
-def _moe(m: MiMoMoE, x: torch.Tensor) -> torch.Tensor:
-    """The sparse FFN on x [N, H] without host syncs; counts ``expert_load`` and honours routing capture."""
+def _moe(m: MiMoMoE, x: torch.Tensor, grouped: bool = False) -> torch.Tensor:
+    """The sparse FFN on x [N, H] without host syncs; counts ``expert_load`` and honours routing capture.
+    ``grouped`` takes the sorted grouped product whatever N (a verification block: its tokens share experts)."""
     idx, w = m.gate(x)  # [N, k] each
     m.expert_load.index_add_(0, idx.reshape(-1), torch.ones(idx.numel(), dtype=m.expert_load.dtype,
                                                             device=idx.device))
@@ -294,7 +295,7 @@ def _moe(m: MiMoMoE, x: torch.Tensor) -> torch.Tensor:
         m.capture.append(idx.detach())
     N, k = idx.shape
     ex = m.experts
-    if N * k > GATHER_MAX_PAIRS and not torch.compiler.is_compiling():
+    if (grouped or N * k > GATHER_MAX_PAIRS) and not torch.compiler.is_compiling():
         return ex(x, idx, w)  # compiled, the gather below: the grouped product's data-dependent offsets do not trace
     if x.device.type == "cpu" and not torch.compiler.is_compiling():
         # eager CPU: a host read costs nothing here, and multiplying by each chosen expert's weights in place reads
@@ -365,7 +366,7 @@ def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCa
         out = torch.matmul(scores.softmax(-1), values[:, :, None])  # [B, KV, G, T, Dv]
         x = x + a.o_proj(out.permute(0, 3, 1, 2, 4).reshape(B, T, H * Dv).to(x.dtype))
         h = layer.post_attention_layernorm(x)
-        x = x + (_moe(layer.mlp, h.reshape(B * T, -1)).view(B, T, -1) if isinstance(layer.mlp, MiMoMoE)
+        x = x + (_moe(layer.mlp, h.reshape(B * T, -1), T > 1).view(B, T, -1) if isinstance(layer.mlp, MiMoMoE)
                  else layer.mlp(h))
         if output_hidden_states:
             hidden.append(x)
