@@ -279,6 +279,11 @@ def test_step_costs_give_each_median_with_its_quartiles():
     costs = step_costs(bb, {"block B=4": make_drafter("block", 4, bb, 4)}, prompt, (4,), reps=8, quartiles=quartiles)
     assert set(costs) == set(quartiles) == {"backbone 1 token", "backbone 4 tokens", "block B=4 propose"}
     assert all(quartiles[k][0] <= costs[k] <= quartiles[k][1] for k in costs)
+    quartiles = {}
+    costs = step_costs(bb, {}, prompt, (4, 6), reps=8, quartiles=quartiles, fast=True)
+    assert set(costs) == set(quartiles) == {"backbone 1 token", "backbone 4 tokens", "backbone 6 tokens",
+                                            "fast path, 1 token", "fast path, 4 tokens", "fast path, 6 tokens"}
+    assert all(quartiles[k][0] <= costs[k] <= quartiles[k][1] for k in costs)
 
 
 @pytest.mark.parametrize("preset", ["pays", "deep"])

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.model.fast_decode import fast_generate
+from mimo_kit.model.fast_decode import StaticKVCache, block_logits, decode_step, fast_generate
 from mimo_kit.model.generate import generate
 from mimo_kit.speculative.decode import Drafter, speculative_generate
 from mimo_kit.speculative.mtp import MTPDrafter
@@ -195,10 +195,12 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
 
 @torch.no_grad()
 def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: torch.Tensor,
-               block_sizes: tuple[int, ...], reps: int = 30, quartiles: dict | None = None) -> dict[str, float]:
+               block_sizes: tuple[int, ...], reps: int = 30, quartiles: dict | None = None,
+               fast: bool = False) -> dict[str, float]:
     """Median milliseconds of one backbone forward of 1 token and of B tokens after ``prompt`` [T] (the cost of a
-    decode step and of verifying a block), and of one ``propose`` per drafter. A ``quartiles`` dict is filled with
-    each call's (25th, 75th percentile) in milliseconds: how far two medians must differ to tell them apart."""
+    decode step and of verifying a block), and of one ``propose`` per drafter; ``fast`` adds the same two on the
+    static-cache fast path (``decode_step``, ``block_logits``). A ``quartiles`` dict is filled with each call's
+    (25th, 75th percentile) in milliseconds: how far two medians must differ to tell them apart."""
     quartiles = {} if quartiles is None else quartiles
 
     def q(ts: list[float]) -> tuple[float, float]:
@@ -218,6 +220,23 @@ def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: 
             cache.rollback(L)
         costs[f"backbone {L} token{'s' if L > 1 else ''}"] = 1e3 * statistics.median(ts)
         quartiles[f"backbone {L} token{'s' if L > 1 else ''}"] = q(ts)
+    if fast:
+        static = StaticKVCache(backbone.config, 1, T + max(block_sizes) + 1, slack=max(block_sizes),
+                               dtype=next(backbone.parameters()).dtype, device=prompt.device)
+        static.fill_row(backbone, 0, prompt.tolist())
+        for L in sorted({1, *block_sizes}):
+            ts = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                if L == 1:
+                    decode_step(backbone, prompt[-1:], static)
+                else:
+                    block_logits(backbone, prompt[None, :L], static, static.span + L)
+                ts.append(time.perf_counter() - start)
+                static.lengths.sub_(L)  # back to the prompt: every call reads the same keys
+                static.span = T
+            key = f"fast path, {L} token{'s' if L > 1 else ''}"
+            costs[key], quartiles[key] = 1e3 * statistics.median(ts), q(ts)
     for name, drafter in drafters.items():
         state, ts = drafter.begin(backbone, out, prompt[None]), []
         for _ in range(reps):
@@ -287,7 +306,8 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
             mtp_logs.setdefault(B, []).append(trained["log"])
     cost_quartiles: dict[str, tuple[float, float]] = {}
     costs = step_costs(backbone, {k: v[0] for k, v in drafters.items()}, prompts[0],
-                       tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})), quartiles=cost_quartiles)
+                       tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})), quartiles=cost_quartiles,
+                       fast=cfg.fast_plain)
     per: dict[tuple[str, float, int], list[dict]] = {}
     for s in range(n_seeds(cfg)):
         for T in cfg.temperatures:
