@@ -314,6 +314,22 @@ def _moe(m: MiMoMoE, x: torch.Tensor, grouped: bool = False) -> torch.Tensor:
     return (y.view(N, k, -1) * w[:, :, None].to(y.dtype)).sum(1).to(x.dtype)
 
 
+def _biases(cache: StaticKVCache, pos: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Additive masks for queries at positions pos [B, T]: GA [B, T, n_keys] (keys 0..q) and SWA [B, T, R + 1]
+    (slot s written, s ≤ q, and holding a position within the window, (q − s) mod R < window, which always holds
+    without slack; the sink slot always on)."""
+    dtype = cache.k[0].dtype
+    neg = torch.finfo(dtype).min
+    B, T = pos.shape
+    ga = torch.zeros(B, T, n_keys, dtype=dtype, device=pos.device).masked_fill_(
+        torch.arange(n_keys, device=pos.device) > pos[:, :, None], neg)
+    R = cache.ring
+    slot_ids = torch.arange(R + 1, device=pos.device)
+    stale = (slot_ids > pos[:, :, None]) | ((pos[:, :, None] - slot_ids) % R >= cache.window)
+    ring = torch.zeros(B, T, R + 1, dtype=dtype, device=pos.device).masked_fill_(stale & (slot_ids < R), neg)
+    return ga, ring
+
+
 def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache, n_keys: int, *,
                  output_hidden_states: bool = False):
     """tokens [B, T] at positions ``cache.lengths`` … ``+ T − 1`` → logits [B, T, V]; writes their keys and advances
@@ -327,18 +343,8 @@ def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCa
     pos = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
     tables = _rope_tables(model, cache)
     rope = {t: (c[pos][:, :, None], s[pos][:, :, None]) for t, (c, s) in tables.items()}  # [B, T, 1, r/2] each
-    dtype = cache.k[0].dtype
-    neg = torch.finfo(dtype).min
-    # additive masks [B, 1, 1, T, S]: GA keys 0..q; ring slot s written (s ≤ q) holding a position within the window
-    # ((q − s) mod R < window), then the sink slot (always on)
-    ga_bias = torch.zeros(B, T, n_keys, dtype=dtype, device=pos.device).masked_fill_(
-        torch.arange(n_keys, device=pos.device)[None, None, :] > pos[:, :, None], neg)[:, None, None]
-    R = cache.ring
-    slot_ids = torch.arange(R + 1, device=pos.device)
-    stale = (slot_ids > pos[:, :, None]) | ((pos[:, :, None] - slot_ids) % R >= cache.window)
-    ring_bias = torch.zeros(B, T, R + 1, dtype=dtype, device=pos.device).masked_fill_(
-        stale & (slot_ids < R), neg)[:, None, None]
-    ring_slot = (pos % R)[:, None, :, None]  # [B, 1, T, 1]
+    ga_bias, ring_bias = (b[:, None, None] for b in _biases(cache, pos, n_keys))  # [B, 1, 1, T, S] each
+    ring_slot = (pos % cache.ring)[:, None, :, None]  # [B, 1, T, 1]
     ga_slot = pos[:, None, :, None]
 
     x = m.embed_tokens(tokens)  # [B, T, H]
@@ -388,17 +394,8 @@ def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVC
     pos = cache.lengths  # [B]
     tables = _rope_tables(model, cache)
     rope = {t: (c[pos][:, None], s[pos][:, None]) for t, (c, s) in tables.items()}  # [B, 1, r/2] each
-    neg = torch.finfo(cache.k[0].dtype).min
-    # additive masks [B, 1, 1, S]: GA keys 0..pos; ring slots written (s ≤ pos) holding a position within the window
-    # ((pos − s) mod R < window: always, without slack), then the sink slot (always on)
-    ga_bias = torch.zeros(B, n_keys, dtype=cache.k[0].dtype, device=pos.device).masked_fill_(
-        torch.arange(n_keys, device=pos.device)[None, :] > pos[:, None], neg)[:, None, None, :]
-    R = cache.ring
-    slot_ids = torch.arange(R + 1, device=pos.device)
-    stale = (slot_ids[None, :] > pos[:, None]) | ((pos[:, None] - slot_ids[None, :]) % R >= cache.window)
-    ring_bias = torch.zeros(B, R + 1, dtype=cache.k[0].dtype, device=pos.device).masked_fill_(
-        stale & (slot_ids[None, :] < R), neg)[:, None, None, :]
-    ring_slot = (pos % R)[:, None, None, None]  # [B, 1, 1, 1]
+    ga_bias, ring_bias = (b[:, None] for b in _biases(cache, pos[:, None], n_keys))  # [B, 1, 1, S] each
+    ring_slot = (pos % cache.ring)[:, None, None, None]  # [B, 1, 1, 1]
     ga_slot = pos[:, None, None, None]
 
     x = m.embed_tokens(tokens)  # [B, H]
