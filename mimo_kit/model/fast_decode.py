@@ -314,6 +314,19 @@ def _moe(m: MiMoMoE, x: torch.Tensor, grouped: bool = False) -> torch.Tensor:
     return (y.view(N, k, -1) * w[:, :, None].to(y.dtype)).sum(1).to(x.dtype)
 
 
+def _qkv(layer, x: torch.Tensor, rope: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer's attention inputs from x [..., hidden]: roped and scaled queries [..., heads, D], roped keys
+    [..., KV, D], scaled values [..., KV, Dv]; ``rope`` maps the layer type to cos/sin broadcasting over them."""
+    a = layer.self_attn
+    lead = x.shape[:-1]
+    h = layer.input_layernorm(x)
+    cos, sin = rope[SLIDING if a.is_swa else FULL]
+    q = _rope(a.q_proj(h).view(*lead, a.num_heads, a.head_dim), cos, sin) * a.scale
+    k = _rope(a.k_proj(h).view(*lead, a.num_kv_heads, a.head_dim), cos, sin)
+    v = a.v_proj(h).view(*lead, a.num_kv_heads, a.v_head_dim) * a.v_scale
+    return q, k, v
+
+
 def _biases(cache: StaticKVCache, pos: torch.Tensor, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Additive masks for queries at positions pos [B, T]: GA [B, T, n_keys] (keys 0..q) and SWA [B, T, R + 1]
     (slot s written, s ≤ q, and holding a position within the window, (q − s) mod R < window, which always holds
@@ -353,11 +366,7 @@ def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCa
         a = layer.self_attn
         H, KV, D, Dv = a.num_heads, a.num_kv_heads, a.head_dim, a.v_head_dim
         G = H // KV
-        h = layer.input_layernorm(x)
-        cos, sin = rope[SLIDING if a.is_swa else FULL]
-        q = _rope(a.q_proj(h).view(B, T, H, D), cos, sin) * a.scale  # [B, T, H, D]
-        k = _rope(a.k_proj(h).view(B, T, KV, D), cos, sin)  # [B, T, KV, D]
-        v = a.v_proj(h).view(B, T, KV, Dv) * a.v_scale
+        q, k, v = _qkv(layer, x, rope)  # [B, T, H, D], [B, T, KV, D], [B, T, KV, Dv]
         kb, vb = cache.k[i], cache.v[i]
         slot = ring_slot if a.is_swa else ga_slot
         kb.scatter_(2, slot.expand(B, KV, T, D), k.transpose(1, 2).to(kb.dtype))
@@ -403,11 +412,7 @@ def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVC
         a = layer.self_attn
         H, KV, D, Dv = a.num_heads, a.num_kv_heads, a.head_dim, a.v_head_dim
         G = H // KV
-        h = layer.input_layernorm(x)
-        cos, sin = rope[SLIDING if a.is_swa else FULL]
-        q = _rope(a.q_proj(h).view(B, H, D), cos, sin) * a.scale  # [B, H, D]
-        k = _rope(a.k_proj(h).view(B, KV, D), cos, sin)  # [B, KV, D]
-        v = a.v_proj(h).view(B, KV, Dv) * a.v_scale
+        q, k, v = _qkv(layer, x, rope)  # [B, H, D], [B, KV, D], [B, KV, Dv]
         kb, vb = cache.k[i], cache.v[i]
         slot = ring_slot if a.is_swa else ga_slot
         kb.scatter_(2, slot.expand(B, KV, 1, D), k[:, :, None].to(kb.dtype))
