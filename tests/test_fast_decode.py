@@ -215,3 +215,17 @@ def test_rollback_refuses_more_than_the_slack_and_a_wrong_row_count():
     assert roomy.lengths.tolist() == [0, 0] and roomy.span == 0
     with pytest.raises(ValueError, match="slack"):
         StaticKVCache(model.config, 1, 8, slack=-1)
+
+
+def test_a_block_that_the_cache_cannot_hold_is_refused_by_name():
+    from mimo_kit.model.fast_decode import block_logits
+
+    model = random_model(1)  # SWA layers: a block needs slack for its own keys
+    assert "sliding_attention" in model.config.layer_types
+    cache = StaticKVCache(model.config, 1, 16, slack=2)
+    cache.prefill(model, [[1, 2, 3]])
+    with pytest.raises(ValueError, match="slack >= 3"):
+        block_logits(model, torch.ones(1, 4, dtype=torch.long), cache, cache.span + 4)
+    with pytest.raises(ValueError, match="max_len=16"):
+        block_logits(model, torch.ones(1, 3, dtype=torch.long), cache, 17)
+    assert cache.lengths.tolist() == [3]  # refused before writing anything

@@ -353,6 +353,12 @@ def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCa
     T > 1 needs ``cache.slack ≥ T − 1`` when the model has SWA layers (module docstring)."""
     m = model.model
     B, T = tokens.shape
+    if n_keys > cache.max_len:
+        raise ValueError(f"block_logits: {T} tokens read n_keys={n_keys} positions; the cache holds max_len="
+                         f"{cache.max_len} (build it larger)")
+    if T > 1 and cache.slack < T - 1 and SLIDING in cache.layer_types:
+        raise ValueError(f"block_logits: a block of {T} tokens needs slack >= {T - 1} in the SWA rings, the cache "
+                         f"has slack={cache.slack}: a block's later keys would overwrite keys its earlier queries read")
     pos = cache.lengths[:, None] + torch.arange(T, device=tokens.device)  # [B, T]
     tables = _rope_tables(model, cache)
     rope = {t: (c[pos][:, :, None], s[pos][:, :, None]) for t, (c, s) in tables.items()}  # [B, T, 1, r/2] each
