@@ -12,7 +12,6 @@ and every tool call costs a process start.
 """
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -22,7 +21,9 @@ import torch
 from mimo_kit.infra.continuous import ContinuousEngine
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import play
+from mimo_kit.infra.timeline import Timeline, recording
 from mimo_kit.model.fast_decode import StaticKVCache, decode_step
+from mimo_kit.speculative.bench import call_ms
 from mimo_kit.train.trainer import RLConfig, warm_start
 
 #: the variants: (name, engine keyword arguments); ``rows`` makes a ContinuousEngine (None: one row per episode)
@@ -43,21 +44,10 @@ def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=N
     else:
         eng = InProcessEngine(policy, seed=3, **({**kwargs, "drafter": drafter} if "drafter" in kwargs else kwargs))
     groups = [world.episodes(t, group) for t in world.tasks(tasks, seed=1, prefix="bench")]
-    spent = [0.0]  # seconds inside the engine's generate (prefill and decode), turn-synchronous engines
-    if not isinstance(eng, ContinuousEngine):
-        inner = eng.generate
-
-        def timed(requests):
-            start = time.perf_counter()
-            try:
-                return inner(requests)
-            finally:
-                spent[0] += time.perf_counter() - start
-
-        eng.generate = timed
-    t0 = time.perf_counter()
-    samples = play(eng, groups, settings)
-    wall = time.perf_counter() - t0
+    with recording(Timeline()) as timeline:  # the driver's "generate" spans: prefill and decode, tools apart
+        t0 = time.perf_counter()
+        samples = play(eng, groups, settings)
+        wall = time.perf_counter() - t0
     seqs = [q for s in samples for q in s.sequences]
     tokens = [[seg.token_ids for c in q.contexts for seg in c.segments] for q in seqs]
     host = eng.prefix_cache.peak_nbytes if eng.prefix_cache is not None else getattr(eng, "parked_peak_bytes", 0)
@@ -65,7 +55,7 @@ def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=N
     whole = sum(len(seg) for q in seqs for c in q.contexts for i, a in enumerate(c.segments) if a.role == "assistant"
                 for seg in c.segments[:i])
     return {"prefill": eng.prefill_tokens / len(seqs), "whole": whole / len(seqs),
-            "tok_s": eng.tokens_generated / wall, "wall": wall, "engine_share": spent[0] / wall,
+            "tok_s": eng.tokens_generated / wall, "wall": wall, "engine_share": timeline.busy("generate") / wall,
             "kv": eng.kv_peak_bytes, "host": host, "tokens": tokens,
             "turns": sum(len(c.segments) for q in seqs for c in q.contexts) / len(seqs),
             "passed": sum(q.passed for q in seqs) / len(seqs), "accepted_length": eng.spec.accepted_length}
@@ -83,9 +73,8 @@ def round_costs(policy, drafter, rows: int, context: int = 200, reps: int = 40) 
     cache.prefill(policy, prompts.tolist())
     tokens = torch.zeros(rows, dtype=torch.long)
 
-    def step():
-        decode_step(policy, tokens, cache)
-        cache.lengths.sub_(1)  # the same position again: every timed step reads the same keys
+    def rewind():  # the same position again: every timed step reads the same keys
+        cache.lengths.sub_(1)
         cache.span -= 1
 
     out = policy(prompts, output_hidden_states=True)
@@ -94,15 +83,8 @@ def round_costs(policy, drafter, rows: int, context: int = 200, reps: int = 40) 
     allowed = torch.ones(rows, W, dtype=torch.bool)
     anchors, pos = torch.zeros(rows, dtype=torch.long), torch.full((rows,), context)
 
-    def median_ms(f) -> float:
-        ts = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - start)
-        return 1e3 * statistics.median(ts)
-
-    return {"step": median_ms(step), "propose": median_ms(lambda: drafter(policy, state, allowed, anchors, pos))}
+    return {"step": call_ms(lambda: decode_step(policy, tokens, cache), reps, rewind)[0],
+            "propose": call_ms(lambda: drafter(policy, state, allowed, anchors, pos), reps)[0]}
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -193,6 +194,21 @@ def measure(backbone: MiMoForCausalLM, drafter: Drafter, prompts: torch.Tensor, 
                 "speedup_fast_range": (min(fast_ratio), max(fast_ratio))} if fast else {})}
 
 
+def call_ms(call: Callable[[], object], reps: int, after: Callable[[], object] | None = None
+            ) -> tuple[float, tuple[float, float]]:
+    """Median milliseconds of ``call()`` over ``reps`` runs, and its (25th, 75th percentile): how far two medians
+    must differ to tell them apart. ``after()`` runs untimed after each (a cache put back where it was)."""
+    ts = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        call()
+        ts.append(time.perf_counter() - start)
+        if after is not None:
+            after()
+    q1, _, q3 = statistics.quantiles(ts, n=4)
+    return 1e3 * statistics.median(ts), (1e3 * q1, 1e3 * q3)
+
+
 @torch.no_grad()
 def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: torch.Tensor,
                block_sizes: tuple[int, ...], reps: int = 30, quartiles: dict | None = None,
@@ -200,51 +216,35 @@ def step_costs(backbone: MiMoForCausalLM, drafters: dict[str, Drafter], prompt: 
     """Median milliseconds of one backbone forward of 1 token and of B tokens after ``prompt`` [T] (the cost of a
     decode step and of verifying a block), and of one ``propose`` per drafter; ``fast`` adds the same two on the
     static-cache fast path (``decode_step``, ``block_logits``). A ``quartiles`` dict is filled with each call's
-    (25th, 75th percentile) in milliseconds: how far two medians must differ to tell them apart."""
+    (25th, 75th percentile) in milliseconds (:func:`call_ms`)."""
     quartiles = {} if quartiles is None else quartiles
-
-    def q(ts: list[float]) -> tuple[float, float]:
-        q1, _, q3 = statistics.quantiles(ts, n=4)
-        return 1e3 * q1, 1e3 * q3
-
+    costs: dict[str, float] = {}
     T = prompt.shape[0]
     cache = backbone.new_cache(slack=max(block_sizes))
     out = backbone(prompt[None], cache, output_hidden_states=True)
-    costs = {}
-    for L in sorted({1, *block_sizes}):
-        ts = []
-        for _ in range(reps):
-            start = time.perf_counter()
-            backbone(prompt[None, :L], cache, output_hidden_states=True)
-            ts.append(time.perf_counter() - start)
-            cache.rollback(L)
-        costs[f"backbone {L} token{'s' if L > 1 else ''}"] = 1e3 * statistics.median(ts)
-        quartiles[f"backbone {L} token{'s' if L > 1 else ''}"] = q(ts)
+    static = None
     if fast:
         static = StaticKVCache(backbone.config, 1, T + max(block_sizes) + 1, slack=max(block_sizes),
                                dtype=next(backbone.parameters()).dtype, device=prompt.device)
         static.fill_row(backbone, 0, prompt.tolist())
-        for L in sorted({1, *block_sizes}):
-            ts = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                if L == 1:
-                    decode_step(backbone, prompt[-1:], static)
-                else:
-                    block_logits(backbone, prompt[None, :L], static, static.span + L)
-                ts.append(time.perf_counter() - start)
-                static.lengths.sub_(L)  # back to the prompt: every call reads the same keys
-                static.span = T
-            key = f"fast path, {L} token{'s' if L > 1 else ''}"
-            costs[key], quartiles[key] = 1e3 * statistics.median(ts), q(ts)
+
+    def back_to_prompt() -> None:  # every call reads the same keys
+        static.lengths.fill_(T)
+        static.span = T
+
+    for L in sorted({1, *block_sizes}):
+        tokens = f"{L} token{'s' if L > 1 else ''}"
+        costs[f"backbone {tokens}"], quartiles[f"backbone {tokens}"] = call_ms(
+            lambda L=L: backbone(prompt[None, :L], cache, output_hidden_states=True), reps,
+            lambda L=L: cache.rollback(L))
+        if static is not None:
+            costs[f"fast path, {tokens}"], quartiles[f"fast path, {tokens}"] = call_ms(
+                (lambda: decode_step(backbone, prompt[-1:], static)) if L == 1 else
+                (lambda L=L: block_logits(backbone, prompt[None, :L], static, T + L)), reps, back_to_prompt)
     for name, drafter in drafters.items():
-        state, ts = drafter.begin(backbone, out, prompt[None]), []
-        for _ in range(reps):
-            start = time.perf_counter()
-            drafter.propose(backbone, state, int(prompt[-1]), T)
-            ts.append(time.perf_counter() - start)
-        costs[f"{name} propose"] = 1e3 * statistics.median(ts)
-        quartiles[f"{name} propose"] = q(ts)
+        state = drafter.begin(backbone, out, prompt[None])
+        costs[f"{name} propose"], quartiles[f"{name} propose"] = call_ms(
+            lambda d=drafter, s=state: d.propose(backbone, s, int(prompt[-1]), T), reps)
     return costs
 
 
