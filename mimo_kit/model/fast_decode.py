@@ -15,8 +15,9 @@ batch of rows of *different* lengths (a GRPO group, or several groups with diffe
   slot's latest position is within the window); with ``slack = 0`` the second test always holds.
 - :func:`block_logits`: T tokens per row at once (speculative verification, Report §2) → logits [B, T, V] and the
   layers' hidden states; :meth:`StaticKVCache.rollback` then drops a row's rejected tokens. A rejected position
-  r ≥ q leaves its key in slot r mod R, where ``(q − r) mod R ≥ R − slack + 1 > window − 1`` masks it, and the
-  position it overwrote, r − R, is older than the window: ``slack ≥ T − 1`` keeps both true.
+  r, q < r ≤ q + slack, leaves its key in slot r mod R, where ``(q − r) mod R = R − (r − q) ≥ window`` masks it,
+  and the position it overwrote, r − R, is older than q's window; within a block, query q sees none of the block's
+  later keys for the same reason: ``slack ≥ T − 1`` keeps both true.
 - The **sink** (Report §2, attention sinks) is a key slot that never changes: k = 0 and v = 0, so its score is
   the bias alone, which holds the head's sink logit. softmax over ``[scores, sink]`` without a concatenation.
 - Experts: for a handful of rows the k chosen experts' weights are gathered and multiplied with ``bmm``

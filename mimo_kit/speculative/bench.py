@@ -50,8 +50,8 @@ class SpecBenchConfig(Config):
     out_dir: str | None = knob(None, "backbone and drafter checkpoints, reused by reruns; None = runs/ch02b in the "
                                      "working directory, as every run folder")
     seed: int = knob(0, "prompts and sampling", min=0)
-    fast_plain: bool = knob(False, "also time plain and speculative decoding on the static-cache fast path (the "
-                                   "kit's fastest batch-1 decoding), and the speedup there")
+    fast_path: bool = knob(False, "also time plain and speculative decoding on the static-cache fast path (the "
+                                  "kit's fastest batch-1 decoding), and the speedup there")
     rounds: int = knob(1, "alternated plain/speculative timing rounds per drafter seed; medians and spreads over "
                           "seeds × rounds", min=1)
     seeds: int = knob(3, "drafter seeds (init, data order, anchors: train.seed, train.seed + 1, …) per setting; "
@@ -75,7 +75,7 @@ class SpecBenchConfig(Config):
         "deep": {"backbone_shape": "deep", "backbone_steps": 900, "block_sizes": (4, 6, 8), "rounds": 5,
                  "train.steps": 560, "mtp_block_sizes": (6,), "mtp_steps": 400, "train.drafter.num_layers": 1,
                  "train.drafter.head_dim": 64, "train.drafter.intermediate_size": 512,
-                 "train.drafter.context_window": 16, "seeds": 1, "fast_plain": True},
+                 "train.drafter.context_window": 16, "seeds": 1, "fast_path": True},
     }
 
     def check(self) -> None:
@@ -307,7 +307,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
     cost_quartiles: dict[str, tuple[float, float]] = {}
     costs = step_costs(backbone, {k: v[0] for k, v in drafters.items()}, prompts[0],
                        tuple(sorted({*cfg.block_sizes, *cfg.mtp_block_sizes})), quartiles=cost_quartiles,
-                       fast=cfg.fast_plain)
+                       fast=cfg.fast_path)
     per: dict[tuple[str, float, int], list[dict]] = {}
     for s in range(n_seeds(cfg)):
         for T in cfg.temperatures:
@@ -316,13 +316,13 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
                     if say:
                         say(f"{name}, seed {s}, temperature {T}, round {r + 1}/{cfg.rounds}")
                     per.setdefault((name, T, s), []).append(
-                        measure(backbone, seeded[s], prompts, new_tokens, T, cfg.seed, 1, say, cfg.fast_plain))
+                        measure(backbone, seeded[s], prompts, new_tokens, T, cfg.seed, 1, say, cfg.fast_path))
     seed_rows = [{**ms[0], "name": name, "seed": cfg.train.seed + s,
                   "spec_tok_s_rounds": [m["spec_tok_s"] for m in ms], "speedup_rounds": [m["speedup"] for m in ms],
                   "plain_tok_s_rounds": [m["plain_tok_s"] for m in ms],
                   **({"fast_tok_s_rounds": [m["fast_tok_s"] for m in ms],
                       "fast_spec_tok_s_rounds": [m["fast_spec_tok_s"] for m in ms],
-                      "speedup_fast_rounds": [m["speedup_fast"] for m in ms]} if cfg.fast_plain else {})}
+                      "speedup_fast_rounds": [m["speedup_fast"] for m in ms]} if cfg.fast_path else {})}
                  for (name, T, s), ms in per.items()]
     rows = []
     for name in drafters:
@@ -331,7 +331,7 @@ def run_spec_bench(cfg: SpecBenchConfig, progress: bool = True) -> dict:
             acc = spread([r["accepted_length"] for r in mine], with_values=True)
             timing = {k: spread([v for r in mine for v in r[f"{k}_rounds"]], with_values=True)
                       for k in ("plain_tok_s", "spec_tok_s", "speedup")
-                      + (("fast_tok_s", "fast_spec_tok_s", "speedup_fast") if cfg.fast_plain else ())}
+                      + (("fast_tok_s", "fast_spec_tok_s", "speedup_fast") if cfg.fast_path else ())}
             K = len(mine[0]["acceptance_by_position"])
             rows.append({"drafter": mine[0]["drafter"], "name": name, "block": mine[0]["block"], "temperature": T,
                          "accepted_length": acc["mean"], "accepted_length_sd": acc["sd"],
