@@ -249,19 +249,23 @@ class InProcessEngine:
             key = (None if ragged else len(r.prompt_ids), r.max_new_tokens, r.temperature, r.top_p, r.top_k,
                    tuple(r.stop_token_ids), r.return_routed_experts, r.return_candidates)
             groups.setdefault(key, []).append(i)
-        if self.drafter is not None:
+        from mimo_kit.speculative.rows import batched
+
+        if self.drafter is not None and not batched(self.drafter):  # a drafter of one sequence at a time
             for i, r in enumerate(requests):
                 if not r.return_routed_experts:
                     out[i] = self._generate_speculative(r, version)
             groups = {k: [i for i in idx if i not in out] for k, idx in groups.items()}
             groups = {k: idx for k, idx in groups.items() if idx}
-        for idx in groups.values():
+        for key, idx in groups.items():
             if self._abort.is_set():  # cut before it started: no tokens, resumable like any aborted request
                 for i in idx:
                     out[i] = GenerationOutput(requests[i].request_id, [], [], "abort", version,
                                               None, [] if requests[i].return_candidates else None)
                 continue
-            for i, o in zip(idx, self._generate_batch([requests[i] for i in idx], version)):
+            speculative = self.drafter is not None and key[0] is None  # the fast path's groups (no routing)
+            run = self._generate_speculative_rows if speculative else self._generate_batch
+            for i, o in zip(idx, run([requests[i] for i in idx], version)):
                 out[i] = o
         self._on_step = None
         return [out[i] for i in range(len(requests))]
@@ -287,6 +291,38 @@ class InProcessEngine:
         self.spec.add(res)
         return GenerationOutput(r.request_id, res.tokens, res.logprobs, res.finish_reason, version, None,
                                 res.candidates)
+
+    def _generate_speculative_rows(self, reqs: list[GenerationRequest], version: int) -> list[GenerationOutput]:
+        """A group of requests decoded speculatively together: one drafter call and one verification per round for
+        every row (:func:`~mimo_kit.speculative.rows.speculative_sample_rows`), suffix-only prefill over the
+        prefix store's hits."""
+        from mimo_kit.speculative.rows import speculative_sample_rows
+
+        r0, store = reqs[0], self.prefix_cache
+
+        def should_stop() -> bool:
+            if self._on_step is not None:
+                self._on_step()
+            return self._abort.is_set()
+
+        def on_end(b: int, tokens: list[int], cache: StaticKVCache) -> None:  # a finished row's KV: prompt + fed
+            store.insert(list(reqs[b].prompt_ids) + tokens[:-1], cache.export_row(b))
+
+        res = speculative_sample_rows(
+            self.model, self.drafter, [r.prompt_ids for r in reqs], r0.max_new_tokens, temperature=r0.temperature,
+            top_k=r0.top_k, top_p=r0.top_p, stop_token_ids=tuple(r0.stop_token_ids), generator=self.generator,
+            return_candidates=r0.return_candidates, should_stop=should_stop,
+            prefixes=None if store is None else [store.lookup(r.prompt_ids) for r in reqs],
+            on_end=None if store is None else on_end)
+        self.prefill_tokens += res.prefilled
+        self.kv_peak_bytes = max(self.kv_peak_bytes, res.held_bytes)
+        outs = []
+        for r, o in zip(reqs, res.results):
+            self.tokens_generated += len(o.tokens)
+            self.spec.add(o)
+            outs.append(GenerationOutput(r.request_id, o.tokens, o.logprobs, o.finish_reason, version, None,
+                                         o.candidates))
+        return outs
 
     def _generate_batch(self, reqs: list[GenerationRequest], version: int) -> list[GenerationOutput]:
         r0 = reqs[0]

@@ -165,6 +165,17 @@ class StaticKVCache:
         self.prefilled = len(p) - (prefix.seq_len if prefix is not None else 0)
         return out if output_hidden_states else out[0]
 
+    def copy_row(self, src: int, dst: Sequence[int]) -> None:
+        """Rows ``dst`` take row ``src``'s keys, values and length (a GRPO group's rows after one prefill)."""
+        bad = [b for b in (src, *dst) if not 0 <= b < self.batch]
+        if bad:
+            raise ValueError(f"copy_row: row {bad[0]}; expected 0..{self.batch - 1}")
+        rows = torch.as_tensor(list(dst), dtype=torch.long, device=self.lengths.device)
+        for k, v in zip(self.k, self.v):
+            k[rows] = k[src].clone()
+            v[rows] = v[src].clone()
+        self.lengths[rows] = int(self.lengths[src])
+
     def rollback(self, counts: Sequence[int] | torch.Tensor) -> None:
         """Drop the last ``counts[b]`` tokens of each row (the drafts verification rejected, Report §2): each at
         most ``slack``, since their keys stay in the SWA rings' spare slots, masked, until overwritten."""

@@ -206,6 +206,71 @@ class BlockDrafter(nn.Module):
                 for (k, v), (nk, nv) in zip(state, new)]
 
 
+    # ---- the batched protocol (mimo_kit.speculative.rows): every row's context in one ring ----------------------
+    def rows_state(self, rows: int, device: torch.device | str | None = None) -> BlockRows:
+        """An empty context for ``rows`` rows: per draft layer a ring of ``context_window`` slots, plus a discard
+        slot (where :meth:`observe` sends the entries it does not keep)."""
+        W, a = self.config.context_window, self.layers[0].self_attn
+        dtype = self.fc.weight.dtype
+        return BlockRows([torch.zeros(rows, a.kv, W + 1, a.d, dtype=dtype, device=device) for _ in self.layers],
+                         [torch.zeros(rows, a.kv, W + 1, a.d, dtype=dtype, device=device) for _ in self.layers],
+                         torch.full((rows, W + 1), -1, dtype=torch.long, device=device))
+
+    def observe(self, backbone: MiMoForCausalLM, state: BlockRows, rows: torch.Tensor, out, tokens: torch.Tensor,
+                start: torch.Tensor, count: torch.Tensor, fresh: bool = False) -> None:
+        """The backbone ran ``tokens`` [n, T] of ``rows`` [n] at positions start … start + T − 1 (its output
+        ``out``, hidden states included) and keeps the first ``count`` [n] of them: their context entries go into
+        slot p mod W of each row's ring, the last W at most (``fresh`` is for MTP: a block drafter's entry at p
+        needs only position p's states)."""
+        n, T = tokens.shape
+        W = self.config.context_window
+        j = torch.arange(T, device=tokens.device)
+        pos = start[:, None] + j  # [n, T]
+        keep = (j < count[:, None]) & (j >= count[:, None] - W)  # the last W kept: one position per slot
+        lo = max(0, int(count.min()) - W)  # no row keeps an earlier position: a long prefill runs its last ones
+        pos, keep, T = pos[:, lo:], keep[:, lo:], T - lo
+        feats = self.features([h[:, lo:] for h in out.hidden_states])
+        ctx = self.fc_norm(self.fc(feats.to(self.fc.weight.dtype)))  # [n, T, H]
+        cos, sin = rope_cos_sin(self.inv_freq, pos.reshape(-1), ctx.dtype)
+        rope = (cos.view(n, 1, T, -1), sin.view(n, 1, T, -1))
+        slots = torch.where(keep, pos % W, W)  # [n, T]: the discard slot W for the rest
+        for layer, keys, values in zip(self.layers, state.keys, state.values):
+            k, v = layer.self_attn.context_kv(ctx, rope)  # [n, KV, T, d] each
+            index = slots[:, None, :, None].expand_as(k)
+            keys[rows] = keys[rows].scatter_(2, index, k)
+            values[rows] = values[rows].scatter_(2, index, v)
+        state.positions[rows] = state.positions[rows].scatter_(1, slots, pos)
+        state.positions[:, W] = -1
+
+    def propose_rows(self, backbone: MiMoForCausalLM, state: BlockRows, anchors: torch.Tensor, pos: torch.Tensor,
+                     temperature: float = 0.0, generator: torch.Generator | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`propose` for every row at once: anchors [N] at positions pos [N] → drafts [N, k], q logits
+        [N, k, V]. Row n sees the ring slots holding positions pos_n − W … pos_n − 1."""
+        W, p = self.config.context_window, state.positions
+        allowed = (p >= 0) & (p < pos[:, None]) & (p >= pos[:, None] - W)  # [N, W + 1]
+        q_logits = self(backbone, list(zip(state.keys, state.values)), allowed, anchors, pos).float()  # [N, k, V]
+        return _draw(q_logits, temperature, generator), q_logits
+
+
+@dataclasses.dataclass
+class BlockRows:
+    """Every row's drafter context (:meth:`BlockDrafter.rows_state`)."""
+
+    keys: list[torch.Tensor]  # per draft layer [N, KV, W + 1, d]: slot p mod W holds position p's entry
+    values: list[torch.Tensor]  # per draft layer [N, KV, W + 1, d]
+    positions: torch.Tensor  # [N, W + 1] long: the position each slot holds, −1 when empty (the discard slot W)
+
+
+def _draw(q_logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Drafts from q logits [N, k, V]: argmax at T = 0, else one draw from softmax(q / T) each → [N, k]."""
+    if temperature == 0:
+        return q_logits.argmax(-1)
+    N, k, V = q_logits.shape
+    probs = (q_logits / temperature).softmax(-1).view(N * k, V)
+    return torch.multinomial(probs, 1, generator=generator).view(N, k)
+
+
 def context_mask(ctx_positions: torch.Tensor, anchor_pos: torch.Tensor, window: int) -> torch.Tensor:
     """bool [N, C]: context position p is visible to the block anchored at a iff a − window ≤ p < a."""
     p, a = ctx_positions[None, :], anchor_pos[:, None]

@@ -156,11 +156,16 @@ class MTPDrafter(nn.Module):
 
     def chain(self, backbone: MiMoForCausalLM, h0: torch.Tensor, first: torch.Tensor, pos: torch.Tensor,
               ctx: list[tuple[torch.Tensor, torch.Tensor]], ctx_allowed: torch.Tensor, steps: int,
-              next_token=None) -> list[torch.Tensor]:
+              next_token=None, ctx_positions: torch.Tensor | None = None) -> list[torch.Tensor]:
         """Run ``steps`` depths from h0 [N, 1, H] (hidden before the anchor), anchors ``first`` [N] at positions
         ``pos`` [N]. Depth j's query sits at pos + j and sees its layer's context ``ctx`` ([N, KV, C, ·]) where
         ``ctx_allowed`` [N, C], and depths 0 … j − 1. ``next_token(j, logits [N, V])`` → the token fed to depth
-        j + 1 (drafted at inference, the text in training). Returns per-depth logits [N, V]."""
+        j + 1 (drafted at inference, the text in training). Returns per-depth logits [N, V].
+
+        The window: a query whose layer holds m of this round's entries (its own included) sees the latest
+        window − m context entries. Without ``ctx_positions`` the entries are in position order (the last the
+        latest); with ``ctx_positions`` [N, C] (any order, as in :meth:`rows_state`'s rings) those at positions
+        ≥ pos + m − window, the same set."""
         N = first.shape[0]
         h, tok, logits = h0, first, []
         own: dict[int, tuple[list, list]] = {}  # per layer: this round's keys/values, depth by depth
@@ -177,8 +182,9 @@ class MTPDrafter(nn.Module):
             keys = torch.cat([ctx[li][0], *ks], dim=2)
             values = torch.cat([ctx[li][1], *vs], dim=2)
             # the window: context positions ≥ query − window + 1, and this round's depths
-            allowed = torch.cat([ctx_allowed & _in_window(ctx_allowed, len(ks), self.window),
-                                 ctx_allowed.new_ones(N, len(ks))], dim=1)
+            seen = (_in_window(ctx_allowed, len(ks), self.window) if ctx_positions is None
+                    else ctx_positions >= (pos + len(ks) - self.window)[:, None])
+            allowed = torch.cat([ctx_allowed & seen, ctx_allowed.new_ones(N, len(ks))], dim=1)
             h = layer(u, rope, keys, values, allowed)
             logits.append(backbone.lm_head(h[:, 0]))
             if j + 1 < steps:
@@ -229,6 +235,77 @@ class MTPDrafter(nn.Module):
         state.keys = [k[:, :, k.shape[2] - min(n, k.shape[2]):] for k in state.keys]
         state.values = [v[:, :, v.shape[2] - min(n, v.shape[2]):] for v in state.values]
         return state
+
+
+    # ---- the batched protocol (mimo_kit.speculative.rows): every row's entries in one ring ----------------------
+    def rows_state(self, rows: int, device: torch.device | str | None = None) -> MTPRows:
+        """No entries yet for ``rows`` rows: per layer a ring of window − 1 slots (all a depth-0 query sees besides
+        itself), plus a discard slot."""
+        S = max(self.window - 1, 1)
+        a = self.layers[0].self_attn
+        dtype = a.q_proj.weight.dtype
+        H = a.q_proj.weight.shape[1]
+        return MTPRows([torch.zeros(rows, a.kv, S + 1, a.d, dtype=dtype, device=device) for _ in self.layers],
+                       [torch.zeros(rows, a.kv, S + 1, a.dv, dtype=dtype, device=device) for _ in self.layers],
+                       torch.full((rows, S + 1), -1, dtype=torch.long, device=device),
+                       torch.zeros(rows, 1, H, dtype=dtype, device=device))
+
+    def observe(self, backbone: MiMoForCausalLM, state: MTPRows, rows: torch.Tensor, out, tokens: torch.Tensor,
+                start: torch.Tensor, count: torch.Tensor, fresh: bool = False) -> None:
+        """The backbone ran ``tokens`` [n, T] of ``rows`` [n] at positions start … start + T − 1 (its output ``out``)
+        and keeps the first ``count`` [n]: entry p = (h_{p−1}, x_p) for each kept p goes into slot p mod S, h_{p−1}
+        being the row's last hidden state for p = start (``fresh``: a row just prefilled has none, so its first
+        position makes no entry); the row's last hidden state becomes that of its last kept token."""
+        n, T = tokens.shape
+        S = state.positions.shape[1] - 1
+        j = torch.arange(T, device=tokens.device)
+        pos = start[:, None] + j  # [n, T]
+        keep = (j < count[:, None]) & (j >= count[:, None] - S) & ((j > 0) if fresh else True)
+        h = out.last_hidden_state  # [n, T, H]
+        prev = torch.cat([state.last_hidden[rows], h[:, :-1]], dim=1)  # h_{p−1} for each p: [n, T, H]
+        lo = max(0, int(count.min()) - S)  # no row keeps an earlier entry: a long prefill runs its last ones
+        pos, keep, prev, T = pos[:, lo:], keep[:, lo:], prev[:, lo:], T - lo
+        emb = backbone.model.embed_tokens(tokens[:, lo:])
+        cos, sin = self.rope(pos.reshape(-1), emb.dtype)
+        rope = (cos.view(n, 1, T, -1), sin.view(n, 1, T, -1))
+        slots = torch.where(keep, pos % S, S)  # [n, T]: the discard slot S for the rest
+        for layer, keys, values in zip(self.layers, state.keys, state.values):
+            k, v = layer.self_attn.keys_values(layer.input_layernorm(layer.fuse(emb, prev)), rope)
+            keys[rows] = keys[rows].scatter_(2, slots[:, None, :, None].expand_as(k), k)
+            values[rows] = values[rows].scatter_(2, slots[:, None, :, None].expand_as(v), v)
+        state.positions[rows] = state.positions[rows].scatter_(1, slots, pos)
+        state.positions[:, S] = -1
+        last = h.gather(1, (count - 1).clamp_min(0)[:, None, None].expand(n, 1, h.shape[-1]))  # [n, 1, H]
+        state.last_hidden[rows] = torch.where((count > 0)[:, None, None], last, state.last_hidden[rows])
+
+    def propose_rows(self, backbone: MiMoForCausalLM, state: MTPRows, anchors: torch.Tensor, pos: torch.Tensor,
+                     temperature: float = 0.0, generator: torch.Generator | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`propose` for every row at once: anchors [N] at positions pos [N] → drafts [N, k], q logits
+        [N, k, V], the depths run one after another over all rows."""
+        p = state.positions
+        drafts: list[torch.Tensor] = []
+
+        def draw(logits: torch.Tensor) -> torch.Tensor:  # [N, V] → [N]
+            d = (logits.argmax(-1) if temperature == 0 else
+                 torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator)[:, 0])
+            drafts.append(d)
+            return d
+
+        logits = self.chain(backbone, state.last_hidden, anchors, pos, list(zip(state.keys, state.values)),
+                            (p >= 0) & (p < pos[:, None]), self.num_drafts, lambda j, lg: draw(lg), ctx_positions=p)
+        draw(logits[-1])
+        return torch.stack(drafts, 1), torch.stack(logits, 1).float()  # [N, k], [N, k, V]
+
+
+@dataclasses.dataclass
+class MTPRows:
+    """Every row's MTP entries (:meth:`MTPDrafter.rows_state`)."""
+
+    keys: list[torch.Tensor]  # per layer [N, KV, S + 1, d]: slot p mod S holds entry p (S = window − 1)
+    values: list[torch.Tensor]  # per layer [N, KV, S + 1, dv]
+    positions: torch.Tensor  # [N, S + 1] long: the entry each slot holds, −1 when empty (the discard slot S)
+    last_hidden: torch.Tensor  # [N, 1, H]: the backbone's final-normed state at each row's last kept token
 
 
 def _in_window(ctx_allowed: torch.Tensor, depth_plus_one: int, window: int) -> torch.Tensor:

@@ -1,0 +1,195 @@
+"""Speculative decoding of a batch of rows on the static cache: what a rollout engine runs (Report §2, §6).
+
+:func:`~mimo_kit.speculative.decode.speculative_sample` decodes one sequence; a rollout engine decodes every live
+sequence at once. Here a round is three batched calls, whatever the number of rows N:
+
+1. the drafter proposes k drafts for every row (``propose_rows``: the block drafter in one pass, MTP in k);
+2. the backbone verifies every row's block [anchor, d_1 … d_k] in one :func:`~mimo_kit.model.fast_decode.
+   block_logits` call on a :class:`~mimo_kit.model.fast_decode.StaticKVCache`;
+3. each row accepts its own a_n drafts by the one-sequence rules (:func:`~mimo_kit.speculative.decode.
+   verify_greedy`, :func:`~mimo_kit.speculative.decode.verify_sampling`), :meth:`StaticKVCache.rollback` drops each
+   row's k − a_n rejected keys and the drafter takes in each row's a_n + 1 kept positions (``observe``).
+
+Rows advance by different amounts per round. A row that has ended keeps verifying a block that is rolled back
+whole, so the batch keeps its shape (as plain decoding feeds pads to rows that stopped). Every row's tokens follow
+its truncated target exactly, as in the one-sequence loop; the random draws come from one stream in another order,
+so the tokens are other draws of the same law.
+
+A drafter fits this loop through three methods (:class:`~mimo_kit.speculative.drafter.BlockDrafter` and
+:class:`~mimo_kit.speculative.mtp.MTPDrafter` have them):
+
+- ``rows_state(rows, device)`` → a state holding every row's drafter context;
+- ``observe(backbone, state, rows, out, tokens, start, count, fresh)``: the backbone ran ``tokens`` [n, T] of
+  ``rows`` [n] at positions start … start + T − 1 (``out``: its hidden states) and keeps the first ``count`` [n];
+  ``fresh``: the rows were just prefilled;
+- ``propose_rows(backbone, state, anchors, pos, temperature, generator)`` → drafts [N, k], q logits [N, k, V].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from mimo_kit.model.cache import KVCache
+from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.fast_decode import StaticKVCache, block_logits
+from mimo_kit.model.generate import truncate_logits
+from mimo_kit.speculative.decode import SpecResult, verify_greedy, verify_sampling
+
+
+def batched(drafter: Any) -> bool:
+    """Whether ``drafter`` has the batched methods this loop needs (the module docstring)."""
+    return all(callable(getattr(drafter, m, None)) for m in ("rows_state", "observe", "propose_rows"))
+
+
+@dataclasses.dataclass
+class RowsResult:
+    results: list[SpecResult]  # per row, in prompt order
+    prefilled: int  # prompt tokens run through the backbone (identical prompts once; a prefix's tokens spared)
+    held_bytes: int  # KV the rows held at their ends (StaticKVCache.held_bytes), as plain decoding counts it
+
+
+@torch.no_grad()
+def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Sequence[Sequence[int]],
+                            max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                            stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
+                            return_candidates: bool = False, should_stop: Callable[[], bool] | None = None,
+                            prefixes: Sequence[KVCache | None] | None = None,
+                            on_end: Callable[[int, list[int], StaticKVCache], None] | None = None) -> RowsResult:
+    """Up to ``max_new_tokens`` after each prompt, each row ending at its first stop token; per row what
+    :func:`~mimo_kit.speculative.decode.speculative_sample` returns for one.
+
+    ``prefixes[b]``: a stored KV of prompt b's first tokens (a prefix cache's hit), so only its suffix is prefilled
+    and the drafter's context starts at the suffix. ``should_stop`` is asked after every round; True ends the rows
+    still running ("abort"). ``on_end(b, tokens, cache)`` is called as row b ends with its tokens, its row of
+    ``cache`` holding the prompt and every token but the last (what a prefix cache stores)."""
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"speculative_sample_rows: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
+                         f"top_k={top_k} (>= 0) expected")
+    if not prompts or max_new_tokens < 1:
+        raise ValueError(f"speculative_sample_rows: {len(prompts)} prompts, max_new_tokens={max_new_tokens}; "
+                         "expected at least 1 of each")
+    if prefixes is not None and len(prefixes) != len(prompts):
+        raise ValueError(f"speculative_sample_rows: {len(prefixes)} prefixes for {len(prompts)} prompts")
+    t0 = time.perf_counter()
+    N, K = len(prompts), drafter.num_drafts
+    B = K + 1  # the verification block: anchor + k drafts
+    device = next(backbone.parameters()).device
+    stops = set(stop_token_ids)
+    # every kept token plus one block past the last; the slack lets a row drop a whole block (rows that ended)
+    cache = StaticKVCache(backbone.config, N, max(len(p) for p in prompts) + max_new_tokens + B,
+                          dtype=next(backbone.parameters()).dtype, device=device, slack=B)
+    state = drafter.rows_state(N, device)
+
+    def target(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[..., V] logits → (truncated target probabilities p̃, log softmax(z / T)), both [..., V]."""
+        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+        return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
+
+    # ---- prefill: one forward per distinct prompt, copied into its other rows; the drafter reads its states
+    rows_of: dict[tuple[int, ...], list[int]] = {}
+    for b, p in enumerate(prompts):
+        rows_of.setdefault(tuple(int(t) for t in p), []).append(b)
+    first_logits = torch.empty(N, backbone.config.vocab_size)
+    prefilled = 0
+    for p, rows in rows_of.items():
+        prefix = None if prefixes is None else prefixes[rows[0]]
+        out = cache.fill_row(backbone, rows[0], p, prefix, output_hidden_states=True)
+        prefilled += cache.prefilled
+        if len(rows) > 1:
+            cache.copy_row(rows[0], rows[1:])
+        n, start = len(rows), (prefix.seq_len if prefix is not None else 0)
+        T = len(p) - start
+        seen = SimpleNamespace(hidden_states=[h.expand(n, -1, -1) for h in out.hidden_states],
+                               last_hidden_state=out.last_hidden_state.expand(n, -1, -1))
+        drafter.observe(backbone, state, torch.tensor(rows, device=device), seen,
+                        torch.tensor([p[start:]], device=device).expand(n, T), torch.full((n,), start, device=device),
+                        torch.full((n,), T, device=device), fresh=True)
+        first_logits[rows] = out.logits[0, -1].float().cpu()
+
+    tokens: list[list[int]] = [[] for _ in range(N)]
+    logprobs: list[list[float]] = [[] for _ in range(N)]
+    cands: list[list[list[int]]] = [[] for _ in range(N)]
+    accepted: list[list[int]] = [[] for _ in range(N)]
+    proposed_at, accepted_at = [[0] * K for _ in range(N)], [[0] * K for _ in range(N)]
+    reasons: list[str | None] = [None] * N
+
+    def keep(b: int, tok: int, p_row: torch.Tensor, lsm_row: torch.Tensor) -> None:
+        tokens[b].append(tok)
+        if not return_candidates:
+            logprobs[b].append(float(lsm_row[tok]))
+            return
+        logprobs[b].append(0.0 if temperature == 0 else float(p_row[tok].log()))  # greedy: the set is the token
+        cands[b].append([tok] if temperature == 0 else (p_row > 0).nonzero()[:, 0].tolist())
+
+    def end(b: int, reason: str, extra: int = 0) -> None:
+        """Row b ends: its last ``extra`` kept keys (tokens cut after a stop or past the budget) leave the cache."""
+        reasons[b] = reason
+        if extra:
+            cache.rollback([extra if r == b else 0 for r in range(N)])
+        if on_end is not None:
+            on_end(b, tokens[b], cache)
+
+    p0, lsm0 = target(first_logits)  # [N, V]
+    first = first_logits.argmax(-1) if temperature == 0 else torch.multinomial(p0, 1, generator=generator)[:, 0]
+    for b in range(N):
+        keep(b, int(first[b]), p0[b], lsm0[b])
+        if int(first[b]) in stops:
+            end(b, "stop")
+        elif max_new_tokens == 1:
+            end(b, "length")
+    anchors = first.clone()  # [N]: each row's last token, not yet in its cache
+    pos = torch.tensor([len(p) for p in prompts])  # [N]: the anchors' positions
+    while any(r is None for r in reasons):
+        drafts, q_logits = drafter.propose_rows(backbone, state, anchors.to(device), pos.to(device), temperature,
+                                                generator)
+        drafts, q_logits = drafts.cpu(), q_logits.float().cpu()  # [N, k], [N, k, V]
+        block = torch.cat([anchors[:, None], drafts], 1)  # [N, B]
+        logits, hidden, last = block_logits(backbone, block.to(device), cache, cache.span + B,
+                                            output_hidden_states=True)
+        logits = logits.float().cpu()  # [N, B, V]: logits[n, i] predicts the token after block[n, i]
+        p, lsm = target(logits)
+        q = (q_logits / temperature).softmax(-1) if temperature > 0 else None
+        a = torch.full((N,), -1)  # accepted drafts per live row; −1: the row has ended (its block is dropped)
+        nxt = [0] * N
+        for b in range(N):
+            if reasons[b] is None:
+                a[b], nxt[b] = (verify_greedy(drafts[b], logits[b]) if q is None
+                                else verify_sampling(drafts[b], q[b], p[b], generator))
+        cache.rollback(B - 1 - a)  # a live row keeps its anchor and a drafts; an ended one nothing
+        drafter.observe(backbone, state, torch.arange(N, device=device), SimpleNamespace(
+            hidden_states=hidden, last_hidden_state=last), block.to(device), pos.to(device), (a + 1).to(device))
+        for b in range(N):
+            if reasons[b] is not None:
+                continue
+            ab = int(a[b])
+            for i in range(min(ab + 1, K)):
+                proposed_at[b][i] += 1
+                accepted_at[b][i] += int(i < ab)
+            accepted[b].append(ab)
+            emitted = [*drafts[b, :ab].tolist(), nxt[b]]
+            before = len(tokens[b])
+            for i, tok in enumerate(emitted):
+                keep(b, int(tok), p[b, i], lsm[b, i])
+            anchors[b], pos[b] = nxt[b], pos[b] + ab + 1
+            hit = next((i + 1 for i, t in enumerate(emitted) if t in stops), None)
+            n_keep = min(max_new_tokens - before, hit or len(emitted))
+            if n_keep < len(emitted) or hit is not None or before + n_keep >= max_new_tokens:
+                del tokens[b][before + n_keep:], logprobs[b][before + n_keep:]
+                if return_candidates:
+                    del cands[b][before + n_keep:]
+                end(b, "stop" if hit is not None and hit <= n_keep else "length", len(emitted) - n_keep)
+        if should_stop is not None and any(r is None for r in reasons) and should_stop():
+            for b in range(N):
+                if reasons[b] is None:
+                    end(b, "abort")
+    seconds = time.perf_counter() - t0
+    results = [SpecResult(tokens[b], accepted[b], proposed_at[b], accepted_at[b], seconds, logprobs[b],
+                          cands[b] if return_candidates else None, reasons[b]) for b in range(N)]
+    held = sum(cache.held_bytes(int(n)) for n in cache.lengths.tolist())
+    return RowsResult(results, prefilled, held)
