@@ -184,3 +184,30 @@ def test_bad_arguments_are_refused_by_name():
     with pytest.raises(ValueError, match="1 prefixes for 2 prompts"):
         speculative_sample_rows(bb, d, [[1, 2], [3]], 4, prefixes=[None])
     assert not batched(object())
+
+
+def test_verify_rows_accepts_and_resamples_as_the_one_row_rules():
+    """Greedy: each row's (a, next) is verify_greedy's. Sampling: drafts with q = p are always accepted; a draft
+    the truncated target gives no mass is always rejected and the next token is never outside the target's
+    support."""
+    from mimo_kit.speculative.decode import verify_greedy, verify_rows
+
+    g = torch.Generator().manual_seed(0)
+    N, K, Vs = 64, 5, 7
+    logits = torch.randn(N, K + 1, Vs, generator=g)
+    drafts = torch.where(torch.rand(N, K, generator=g) < 0.7, logits[:, :K].argmax(-1),
+                         torch.randint(0, Vs, (N, K), generator=g))
+    a, nxt = verify_rows(drafts, logits, logits.softmax(-1), None)
+    assert [(int(x), int(y)) for x, y in zip(a, nxt)] == [verify_greedy(drafts[n], logits[n]) for n in range(N)]
+    p = logits.softmax(-1)
+    p = p * (p > 0.1)  # a truncated target: tokens under 0.1 cut
+    p = p / p.sum(-1, keepdim=True)
+    same = torch.multinomial(p[:, :K].reshape(-1, Vs), 1, generator=g).view(N, K)
+    a, nxt = verify_rows(same, logits, p, p[:, :K], g)
+    assert (a == K).all() and (p[torch.arange(N), K, nxt] > 0).all()  # the bonus from p_K
+    cut = (p[:, 0] == 0).float().argmax(-1)  # a token the target cuts at position 0 (q puts all its mass there)
+    assert (p[torch.arange(N), 0, cut] == 0).all()
+    q = torch.nn.functional.one_hot(cut, Vs).float()[:, None].expand(N, K, Vs)
+    bad = cut[:, None].expand(N, K)
+    a, nxt = verify_rows(bad, logits, p, q, g)
+    assert (a == 0).all() and (p[torch.arange(N), 0, nxt] > 0).all()

@@ -41,14 +41,14 @@ order is not ``generate``'s: the RL engine keeps the old path for requests that 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from mimo_kit.model.cache import KVCache
 from mimo_kit.model.config import FULL, SLIDING, MiMoConfig
-from mimo_kit.model.decoder import MiMoForCausalLM
+from mimo_kit.model.decoder import CausalLMOutput, MiMoForCausalLM
 from mimo_kit.model.generate import Generation, sampling_loop
 from mimo_kit.model.moe import MiMoMoE
 
@@ -94,13 +94,16 @@ class StaticKVCache:
     # ---- prefill ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def prefill(self, model: MiMoForCausalLM, prompts: Sequence[Sequence[int]],
-                prefixes: Sequence[KVCache | None] | None = None) -> torch.Tensor:
+                prefixes: Sequence[KVCache | None] | None = None, *,
+                on_forward: Callable[[list[list[int]], CausalLMOutput, int], None] | None = None) -> torch.Tensor:
         """Run every prompt through ``model`` and store its keys in its row → last-position logits [B, V].
 
         Rows with identical prompts share one forward; distinct prompts of equal length share a batched one.
         ``prefixes[b]``, when given, is a :class:`KVCache` holding the first ``seq_len`` tokens of prompt ``b``
         (a prefix cache's hit): only the suffix is run, on a clone of it (Report §6, suffix-only prefill).
-        :attr:`prefilled` counts the tokens this call ran through the model."""
+        :attr:`prefilled` counts the tokens this call ran through the model. ``on_forward(rows, out, start)`` sees
+        each forward's output with every layer's hidden states (what a drafter begins from): its sequence j
+        holds the tokens from position ``start`` on of the prompt of rows ``rows[j]``."""
         cfg = self.config
         if len(prompts) != self.batch:
             raise ValueError(f"prefill: {len(prompts)} prompts for a cache of batch {self.batch}")
@@ -118,8 +121,12 @@ class StaticKVCache:
             hit = None if prefixes is None else prefixes[rows[0]]
             if hit is not None:
                 cached[p] = hit
+        hidden = on_forward is not None
         for p, hit in cached.items():  # one forward per distinct prompt: its suffix only, on a clone of the prefix
-            out, kv = _continue(model, p, hit, device)  # [1, V]
+            out, kv = _continue(model, p, hit, device, hidden)
+            if hidden:
+                on_forward([rows_of[p]], out, hit.seq_len)
+                out = out.logits[:, -1]
             if logits is None:
                 logits = out.new_empty(self.batch, out.shape[-1])
             rows = torch.tensor(rows_of[p], device=device)
@@ -133,7 +140,10 @@ class StaticKVCache:
         for T, group in by_len.items():
             kv = KVCache(cfg)
             ids = torch.tensor(group, dtype=torch.long, device=device)  # [n, T]
-            out = model(ids, kv, logits_to_keep=1).logits[:, -1]  # [n, V]
+            out = model(ids, kv, logits_to_keep=1, output_hidden_states=hidden)
+            if hidden:
+                on_forward([rows_of[p] for p in group], out, 0)
+            out = out.logits[:, -1]  # [n, V]
             if logits is None:
                 logits = out.new_empty(self.batch, out.shape[-1])
             for j, p in enumerate(group):
@@ -164,17 +174,6 @@ class StaticKVCache:
         self.span = max(self.span, len(p))
         self.prefilled = len(p) - (prefix.seq_len if prefix is not None else 0)
         return out if output_hidden_states else out[0]
-
-    def copy_row(self, src: int, dst: Sequence[int]) -> None:
-        """Rows ``dst`` take row ``src``'s keys, values and length (a GRPO group's rows after one prefill)."""
-        bad = [b for b in (src, *dst) if not 0 <= b < self.batch]
-        if bad:
-            raise ValueError(f"copy_row: row {bad[0]}; expected 0..{self.batch - 1}")
-        rows = torch.as_tensor(list(dst), dtype=torch.long, device=self.lengths.device)
-        for k, v in zip(self.k, self.v):
-            k[rows] = k[src].clone()
-            v[rows] = v[src].clone()
-        self.lengths[rows] = int(self.lengths[src])
 
     def rollback(self, counts: Sequence[int] | torch.Tensor) -> None:
         """Drop the last ``counts[b]`` tokens of each row (the drafts verification rejected, Report §2): each at
@@ -394,9 +393,12 @@ def block_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCa
             bias = ring_bias + _sink_column(cache, i, a)[:, :, :, None, :]  # [B, KV, G, T, R + 1]
         else:
             keys, values, bias = kb[:, :, :n_keys], vb[:, :, :n_keys], ga_bias
-        qg = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4)  # [B, KV, G, T, D]
-        scores = torch.matmul(qg.to(keys.dtype), keys[:, :, None].transpose(-1, -2)) + bias  # [B, KV, G, T, S]
-        out = torch.matmul(scores.softmax(-1), values[:, :, None])  # [B, KV, G, T, Dv]
+        # a group's G·T queries share their KV head's keys: one [G·T, S] product per (row, KV head), no broadcast
+        # copy of the keys over G
+        qg = q.view(B, T, KV, G, D).permute(0, 2, 3, 1, 4).reshape(B, KV, G * T, D)
+        S = keys.shape[2]
+        scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)).view(B, KV, G, T, S) + bias
+        out = torch.matmul(scores.softmax(-1).view(B, KV, G * T, S), values).view(B, KV, G, T, -1)  # [.., T, Dv]
         x = x + a.o_proj(out.permute(0, 3, 1, 2, 4).reshape(B, T, H * Dv).to(x.dtype))
         h = layer.post_attention_layernorm(x)
         x = x + (_moe(layer.mlp, h.reshape(B * T, -1), T > 1).view(B, T, -1) if isinstance(layer.mlp, MiMoMoE)

@@ -39,10 +39,11 @@ from mimo_kit.model.generate import truncate_logits
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """(p − q)⁺ normalised: what a rejection resamples from. [V] → [V] (p itself when p ≤ q everywhere)."""
+    """(p − q)⁺ normalised: what a rejection resamples from. [..., V] → [..., V] (p itself where p ≤ q
+    everywhere)."""
     r = (p - q).clamp_min(0)
-    total = r.sum()
-    return r / total if total > 0 else p
+    total = r.sum(-1, keepdim=True)
+    return torch.where(total > 0, r / total.clamp_min(torch.finfo(r.dtype).tiny), p)
 
 
 def verify_greedy(drafts: torch.Tensor, p_logits: torch.Tensor) -> tuple[int, int]:
@@ -65,6 +66,40 @@ def verify_sampling(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         nxt = torch.multinomial(residual_distribution(p[i], q[i]), 1, generator=generator)
         return i, int(nxt)
     return K, int(torch.multinomial(p[K], 1, generator=generator))
+
+
+def verify_rows(drafts: torch.Tensor, p_logits: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None,
+                generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's verification at once: drafts [N, K], the target's logits and truncated probabilities
+    p_logits, p [N, K + 1, V], the drafts' q [N, K, V] (None: greedy) → (accepted counts a [N], next tokens [N]).
+
+    Greedy: :func:`verify_greedy` per row. Sampling: :func:`verify_sampling` per row, its K uniforms drawn for all
+    rows together: a_n is the first i with u_i · q_i(d_i) ≥ p_i(d_i) (K if none), and the next token comes from
+    the residual (p_a − q_a)⁺ (p_K when every draft was accepted)."""
+    N, K = drafts.shape
+    if q is None:
+        target = p_logits.argmax(-1)  # [N, K + 1]
+        a = (drafts == target[:, :-1]).long().cumprod(1).sum(1)
+        return a, target.gather(1, a[:, None])[:, 0]
+    u = torch.rand(N, K, generator=generator)
+    pd = p[:, :K].gather(2, drafts[..., None])[..., 0]  # [N, K]: p_i(d_i)
+    qd = q.gather(2, drafts[..., None])[..., 0]
+    a = (u * qd < pd).long().cumprod(1).sum(1)  # [N]
+    V = p.shape[-1]
+    at = a[:, None, None].expand(N, 1, V)
+    pa = p.gather(1, at)[:, 0]  # [N, V]
+    qa = torch.cat([q, q.new_zeros(N, 1, V)], 1).gather(1, at)[:, 0]  # q_K = 0: the bonus draws from p_K
+    return a, torch.multinomial(residual_distribution(pa, qa), 1, generator=generator)[:, 0]
+
+
+def draw_drafts(q_logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """Drafts from q logits [N, k, V]: argmax at T = 0, else one draw from softmax(q / T) each → [N, k], drawn on
+    the CPU (the sampling stream is a CPU generator, whatever device the drafter runs on)."""
+    if temperature == 0:
+        return q_logits.argmax(-1)
+    N, k, V = q_logits.shape
+    probs = (q_logits.float() / temperature).softmax(-1).view(N * k, V).cpu()
+    return torch.multinomial(probs, 1, generator=generator).view(N, k).to(q_logits.device)
 
 
 @dataclasses.dataclass

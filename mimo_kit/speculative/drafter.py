@@ -28,6 +28,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.model.attention import apply_partial_rope, rope_cos_sin
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.model.decoder import DenseMLP, MiMoForCausalLM, RMSNorm
+from mimo_kit.speculative.decode import draw_drafts
 
 
 @dataclasses.dataclass
@@ -196,7 +197,7 @@ class BlockDrafter(nn.Module):
                         torch.tensor([pos]))[0].float()  # [B − 1, V]
         if temperature == 0:
             return q_logits.argmax(-1), q_logits
-        return torch.multinomial((q_logits / temperature).softmax(-1), 1, generator=generator)[:, 0], q_logits
+        return draw_drafts(q_logits[None], temperature, generator)[0], q_logits
 
     def commit(self, backbone: MiMoForCausalLM, state, out, block: torch.Tensor, accepted: int, pos: int):
         """Append the anchor's and the accepted drafts' context entries; keep the last ``context_window``."""
@@ -250,7 +251,7 @@ class BlockDrafter(nn.Module):
         W, p = self.config.context_window, state.positions
         allowed = (p >= 0) & (p < pos[:, None]) & (p >= pos[:, None] - W)  # [N, W + 1]
         q_logits = self(backbone, list(zip(state.keys, state.values)), allowed, anchors, pos).float()  # [N, k, V]
-        return _draw(q_logits, temperature, generator), q_logits
+        return draw_drafts(q_logits, temperature, generator), q_logits
 
 
 @dataclasses.dataclass
@@ -260,15 +261,6 @@ class BlockRows:
     keys: list[torch.Tensor]  # per draft layer [N, KV, W + 1, d]: slot p mod W holds position p's entry
     values: list[torch.Tensor]  # per draft layer [N, KV, W + 1, d]
     positions: torch.Tensor  # [N, W + 1] long: the position each slot holds, −1 when empty (the discard slot W)
-
-
-def _draw(q_logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Drafts from q logits [N, k, V]: argmax at T = 0, else one draw from softmax(q / T) each → [N, k]."""
-    if temperature == 0:
-        return q_logits.argmax(-1)
-    N, k, V = q_logits.shape
-    probs = (q_logits / temperature).softmax(-1).view(N * k, V)
-    return torch.multinomial(probs, 1, generator=generator).view(N, k)
 
 
 def context_mask(ctx_positions: torch.Tensor, anchor_pos: torch.Tensor, window: int) -> torch.Tensor:

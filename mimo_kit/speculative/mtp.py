@@ -37,6 +37,7 @@ from mimo_kit.model.attention import apply_partial_rope, rope_cos_sin, rope_inv_
 from mimo_kit.model.config import MiMoConfig
 from mimo_kit.model.decoder import DenseMLP, MiMoForCausalLM, RMSNorm
 from mimo_kit.model.hf import MTP_PREFIX, from_hub_layout
+from mimo_kit.speculative.decode import draw_drafts
 
 
 @dataclasses.dataclass
@@ -208,7 +209,7 @@ class MTPDrafter(nn.Module):
             if temperature == 0:
                 d = int(logits[0].argmax())
             else:
-                d = int(torch.multinomial((logits[0].float() / temperature).softmax(-1), 1, generator=generator))
+                d = int(draw_drafts(logits[None], temperature, generator)[0, 0])
             drafts.append(d)
             return d
 
@@ -287,8 +288,7 @@ class MTPDrafter(nn.Module):
         drafts: list[torch.Tensor] = []
 
         def draw(logits: torch.Tensor) -> torch.Tensor:  # [N, V] → [N]
-            d = (logits.argmax(-1) if temperature == 0 else
-                 torch.multinomial((logits.float() / temperature).softmax(-1), 1, generator=generator)[:, 0])
+            d = draw_drafts(logits[:, None], temperature, generator)[:, 0]
             drafts.append(d)
             return d
 

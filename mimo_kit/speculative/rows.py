@@ -6,9 +6,9 @@ sequence at once. Here a round is three batched calls, whatever the number of ro
 1. the drafter proposes k drafts for every row (``propose_rows``: the block drafter in one pass, MTP in k);
 2. the backbone verifies every row's block [anchor, d_1 … d_k] in one :func:`~mimo_kit.model.fast_decode.
    block_logits` call on a :class:`~mimo_kit.model.fast_decode.StaticKVCache`;
-3. each row accepts its own a_n drafts by the one-sequence rules (:func:`~mimo_kit.speculative.decode.
-   verify_greedy`, :func:`~mimo_kit.speculative.decode.verify_sampling`), :meth:`StaticKVCache.rollback` drops each
-   row's k − a_n rejected keys and the drafter takes in each row's a_n + 1 kept positions (``observe``).
+3. each row accepts its own a_n drafts by the one-sequence rules, all rows at once (:func:`~mimo_kit.speculative.
+   decode.verify_rows`), :meth:`StaticKVCache.rollback` drops each row's k − a_n rejected keys and the drafter
+   takes in each row's a_n + 1 kept positions (``observe``).
 
 Rows advance by different amounts per round. A row that has ended keeps verifying a block that is rolled back
 whole, so the batch keeps its shape (as plain decoding feeds pads to rows that stopped). Every row's tokens follow
@@ -39,7 +39,7 @@ from mimo_kit.model.cache import KVCache
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.fast_decode import StaticKVCache, block_logits
 from mimo_kit.model.generate import truncate_logits
-from mimo_kit.speculative.decode import SpecResult, verify_greedy, verify_sampling
+from mimo_kit.speculative.decode import SpecResult, verify_rows
 
 
 def batched(drafter: Any) -> bool:
@@ -91,26 +91,20 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
         scaled = logits.float() / (temperature if temperature > 0 else 1.0)
         return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
 
-    # ---- prefill: one forward per distinct prompt, copied into its other rows; the drafter reads its states
-    rows_of: dict[tuple[int, ...], list[int]] = {}
-    for b, p in enumerate(prompts):
-        rows_of.setdefault(tuple(int(t) for t in p), []).append(b)
-    first_logits = torch.empty(N, backbone.config.vocab_size)
-    prefilled = 0
-    for p, rows in rows_of.items():
-        prefix = None if prefixes is None else prefixes[rows[0]]
-        out = cache.fill_row(backbone, rows[0], p, prefix, output_hidden_states=True)
-        prefilled += cache.prefilled
-        if len(rows) > 1:
-            cache.copy_row(rows[0], rows[1:])
-        n, start = len(rows), (prefix.seq_len if prefix is not None else 0)
-        T = len(p) - start
-        seen = SimpleNamespace(hidden_states=[h.expand(n, -1, -1) for h in out.hidden_states],
-                               last_hidden_state=out.last_hidden_state.expand(n, -1, -1))
-        drafter.observe(backbone, state, torch.tensor(rows, device=device), seen,
-                        torch.tensor([p[start:]], device=device).expand(n, T), torch.full((n,), start, device=device),
-                        torch.full((n,), T, device=device), fresh=True)
-        first_logits[rows] = out.logits[0, -1].float().cpu()
+    # ---- prefill: identical prompts once, equal lengths batched (StaticKVCache.prefill); the drafter reads the states
+    def on_forward(rows: list[list[int]], out, start: int) -> None:
+        seq = torch.tensor([j for j, r in enumerate(rows) for _ in r], device=device)  # each row's sequence
+        idx = [b for r in rows for b in r]
+        T = out.last_hidden_state.shape[1]
+        ids = torch.tensor([list(prompts[b])[start:] for b in idx], device=device)  # [n, T]
+        seen = SimpleNamespace(hidden_states=[h[seq] for h in out.hidden_states],
+                               last_hidden_state=out.last_hidden_state[seq])
+        n = len(idx)
+        drafter.observe(backbone, state, torch.tensor(idx, device=device), seen, ids,
+                        torch.full((n,), start, device=device), torch.full((n,), T, device=device), fresh=True)
+
+    first_logits = cache.prefill(backbone, prompts, prefixes, on_forward=on_forward).float().cpu()  # [N, V]
+    prefilled = cache.prefilled
 
     tokens: list[list[int]] = [[] for _ in range(N)]
     logprobs: list[list[float]] = [[] for _ in range(N)]
@@ -155,12 +149,9 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
         logits = logits.float().cpu()  # [N, B, V]: logits[n, i] predicts the token after block[n, i]
         p, lsm = target(logits)
         q = (q_logits / temperature).softmax(-1) if temperature > 0 else None
-        a = torch.full((N,), -1)  # accepted drafts per live row; −1: the row has ended (its block is dropped)
-        nxt = [0] * N
-        for b in range(N):
-            if reasons[b] is None:
-                a[b], nxt[b] = (verify_greedy(drafts[b], logits[b]) if q is None
-                                else verify_sampling(drafts[b], q[b], p[b], generator))
+        a, nxt = verify_rows(drafts, logits, p, q, generator)
+        a = a.masked_fill(torch.tensor([r is not None for r in reasons]), -1)  # −1: ended, its block dropped
+        nxt = nxt.tolist()
         cache.rollback(B - 1 - a)  # a live row keeps its anchor and a drafts; an ended one nothing
         drafter.observe(backbone, state, torch.arange(N, device=device), SimpleNamespace(
             hidden_states=hidden, last_hidden_state=last), block.to(device), pos.to(device), (a + 1).to(device))
