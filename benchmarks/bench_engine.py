@@ -1,14 +1,18 @@
 """The rollout engine on agentic episodes (Report §6): repo-world rollouts (multi-turn, sandboxed tools) through the
 rollout driver, each engine optimisation switched on one at a time → benchmarks/RESULTS_engine.md.
 
-    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 2 rounds per variant (~4 min on 2 cores)
-    python benchmarks/bench_engine.py --quick   # 2 tasks × 2 episodes, one round, printed only
+    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 2 rounds per variant (~8 min on 2 cores;
+                                                # the first run also trains the deeper policy's SFT, ~5 min)
+    python benchmarks/bench_engine.py --quick   # 2 tasks × 2 episodes, one round, the RL config's policy, printed only
 
 Per variant: prompt tokens prefilled per episode, generated tokens per second of rollout wall time (tools and
 grading included), the most KV a decode batch held (each row's tokens) and the most kept in host memory (the
 prefix store, or parked episodes), and whether the sampled tokens equal the reference's (same seed). The policy
 is the RL config's SFT warm start (cached after its first training), so actions are real commands in the sandbox
-and every tool call costs a process start.
+and every tool call costs a process start. Speculative rollouts run the batched engine
+(:mod:`mimo_kit.speculative.rows`) with a block drafter and an MTP module trained at equal budget on the policy's own
+rollouts of other tasks; their round costs (decode step, verification, proposal) are timed apart, on this policy and
+on a deeper one (``DEEP_LAYERS``), to show what a round costs against the steps it replaces.
 """
 
 import argparse
@@ -22,27 +26,32 @@ from mimo_kit.infra.continuous import ContinuousEngine
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.rollout import play
 from mimo_kit.infra.timeline import Timeline, recording
-from mimo_kit.model.fast_decode import StaticKVCache, decode_step
+from mimo_kit.model.fast_decode import StaticKVCache, block_logits, decode_step
 from mimo_kit.speculative.bench import call_ms
 from mimo_kit.train.trainer import RLConfig, warm_start
 
 #: the variants: (name, engine keyword arguments); ``rows`` makes a ContinuousEngine (None: one row per episode)
 VARIANTS = (("turn-synchronous: every turn prefills its whole context", {}),
             ("turn-synchronous + per-context KV, suffix-only prefill", {"prefix_cache_bytes": 256 << 20}),
-            ("turn-synchronous + speculative decoding (block drafter, B = 4)", {"drafter": "block"}),
+            ("turn-synchronous + speculative decoding, block drafter (B = 4)", {"drafter": "block"}),
+            ("turn-synchronous + speculative decoding, MTP (B = 4)", {"drafter": "mtp"}),
             ("continuous batching, a row per episode, KV held during tool calls", {"rows": None, "park": False}),
             ("continuous batching, a row per episode, KV parked during tool calls", {"rows": None, "park": True}),
             ("continuous batching, 4 rows, KV held during tool calls", {"rows": 4, "park": False}),
             ("continuous batching, 4 rows, KV parked during tool calls", {"rows": 4, "park": True}))
-#: optimiser steps of the drafter on the policy's own rollouts before it is timed (DrafterRefresher, as in RL)
-DRAFTER_STEPS = 500
+#: optimiser steps of each drafter on the policy's own rollouts before it is timed (DrafterRefresher, as in RL; the
+#: budget of benchmarks/bench_drafters.py)
+DRAFTER_STEPS = 1000
+#: layers of the deeper repo-world policy (the RL config's has 3): a drafter's proposal is a smaller share of its step
+DEEP_LAYERS = 12
 
 
-def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=None) -> dict:
+def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafters: dict | None = None) -> dict:
     if "rows" in kwargs:
         eng = ContinuousEngine(policy, seed=3, **{**kwargs, "rows": kwargs["rows"] or tasks * group})
     else:
-        eng = InProcessEngine(policy, seed=3, **({**kwargs, "drafter": drafter} if "drafter" in kwargs else kwargs))
+        eng = InProcessEngine(policy, seed=3, **({**kwargs, "drafter": drafters[kwargs["drafter"]]}
+                                                 if "drafter" in kwargs else kwargs))
     groups = [world.episodes(t, group) for t in world.tasks(tasks, seed=1, prefix="bench")]
     with recording(Timeline()) as timeline:  # the driver's "generate" spans: prefill and decode, tools apart
         t0 = time.perf_counter()
@@ -62,58 +71,133 @@ def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafter=N
 
 
 @torch.no_grad()
-def round_costs(policy, drafter, rows: int, context: int = 200, reps: int = 40) -> dict[str, float]:
-    """Median ms of one fast decode step and of one batched block-drafter ``propose`` for ``rows`` rows holding
-    ``context`` tokens each (the drafter sees its last ``context_window`` positions): what a speculative round
-    costs beside the step it replaces, whose verification costs at least one step."""
+def round_costs(policy, drafters: dict, rows: int, context: int = 200, reps: int = 40) -> dict[str, float]:
+    """Median ms, for ``rows`` rows holding ``context`` tokens each, of one fast decode step, one verification of a
+    block of B tokens per row (:func:`block_logits`) and each drafter's batched ``propose_rows``: what a speculative
+    round of the batched engine costs beside the decode step it replaces (on the policy's device, synchronised)."""
     c = policy.config
+    device = next(policy.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(0, c.vocab_size, (rows, context), generator=g)
-    cache = StaticKVCache(c, rows, context + 8)
+    prompts = torch.randint(0, c.vocab_size, (rows, context), generator=g).to(device)
+    B = next(iter(drafters.values())).num_drafts + 1
+    cache = StaticKVCache(c, rows, context + 2 * B, slack=B, device=device)
+    out = policy(prompts, output_hidden_states=True)
     cache.prefill(policy, prompts.tolist())
-    tokens = torch.zeros(rows, dtype=torch.long)
+    tokens = torch.zeros(rows, dtype=torch.long, device=device)
+    block = torch.zeros(rows, B, dtype=torch.long, device=device)
 
     def rewind():  # the same position again: every timed step reads the same keys
         cache.lengths.sub_(1)
         cache.span -= 1
 
-    out = policy(prompts, output_hidden_states=True)
-    W = drafter.config.context_window
-    state = drafter.context(drafter.features(out.hidden_states)[:, -W:], torch.arange(context - W, context))
-    allowed = torch.ones(rows, W, dtype=torch.bool)
-    anchors, pos = torch.zeros(rows, dtype=torch.long), torch.full((rows,), context)
+    costs = {"step": call_ms(lambda: (decode_step(policy, tokens, cache), sync()), reps, rewind)[0],
+             "verify": call_ms(lambda: (block_logits(policy, block, cache, cache.span + B, output_hidden_states=True),
+                                        sync()), reps, lambda: cache.lengths.sub_(B))[0]}
+    anchors, pos = tokens, torch.full((rows,), context, device=device)
+    for kind, d in drafters.items():
+        d.to(device)
+        state = d.rows_state(rows, device)
+        d.observe(policy, state, torch.arange(rows, device=device), out, prompts,
+                  torch.zeros(rows, dtype=torch.long, device=device), torch.full((rows,), context, device=device),
+                  fresh=True)
+        costs[kind] = call_ms(lambda: (d.propose_rows(policy, state, anchors, pos, 1.0, g), sync()), reps)[0]  # noqa: B023
+    return costs
 
-    return {"step": call_ms(lambda: decode_step(policy, tokens, cache), reps, rewind)[0],
-            "propose": call_ms(lambda: drafter(policy, state, allowed, anchors, pos), reps)[0]}
+
+def train_drafters(policy, world, settings, tasks: int, group: int) -> tuple[dict, dict]:
+    """A block drafter and an MTP module (block size 4), each trained for ``DRAFTER_STEPS`` on the policy's own
+    rollouts of other tasks than the timed ones (``DrafterRefresher``, as an RL run refreshes them) → (drafters,
+    final losses)."""
+    from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
+    from mimo_kit.train.trainer import token_rows
+
+    warm = play(InProcessEngine(policy, seed=11), [world.episodes(t, group) for t in
+                                                    world.tasks(8 * tasks, seed=2, prefix="drafter")], settings)
+    drafters, losses = {}, {}
+    for kind in ("block", "mtp"):
+        refresher = DrafterRefresher(DrafterRefreshConfig(kind=kind, steps=DRAFTER_STEPS, seq_len=48, batch=8),
+                                     policy.config)
+        losses[kind] = refresher.refresh(policy, token_rows(warm))
+        drafters[kind] = refresher.drafter
+    return drafters, losses
+
+
+def speculative_costs(policy, drafters: dict, results: dict, rows: int) -> tuple[str, float]:
+    """The per-round cost table of the batched speculative engine at 1 and ``rows`` live rows → (markdown, best
+    decode speedup any of these rounds could give, L ÷ ((verify + propose) ÷ step))."""
+    lines = ["| live rows | decode step (ms) | verification of B = 4 tokens per row (ms) | verification ÷ step | "
+             "drafter | proposal ÷ step | break-even L, (verification + proposal) ÷ step | tokens per verification "
+             "L (measured in the rollouts) | L ÷ (round ÷ step) |", "|---|---|---|---|---|---|---|---|---|"]
+    best = 0.0
+    for n in sorted({1, rows}):
+        c = round_costs(policy, drafters, n)
+        for kind in drafters:
+            L, even = results[kind]["accepted_length"], (c["verify"] + c[kind]) / c["step"]
+            best = max(best, L / even) if n == rows else best
+            lines.append(f"| {n} | {c['step']:.2f} | {c['verify']:.2f} | {c['verify'] / c['step']:.2f} | "
+                         f"{'block' if kind == 'block' else 'MTP'} | {c[kind] / c['step']:.2f} | {even:.2f} | "
+                         f"{L:.2f} | {L / even:.2f}× |")
+    return "\n".join(lines), best
+
+
+def device_round_costs(device: str) -> None:
+    """``--round-costs DEVICE``: the deeper policy's round costs on ``device`` (random weights: a cost does not
+    depend on them), no rollouts; the break-even L a drafter must reach there (what scripts/gpu_check.sh runs)."""
+    from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
+    from mimo_kit.train.sft import PolicyConfig, build_policy
+
+    cfg = RLConfig(world="repo", progress=False)
+    world = cfg.make_world()
+    policy = build_policy(PolicyConfig(hidden_size=cfg.policy.hidden_size, num_hidden_layers=DEEP_LAYERS), 0,
+                          vocab_size=world.vocab_size).to(device).eval()
+    drafters = {k: DrafterRefresher(DrafterRefreshConfig(kind=k), policy.config).drafter for k in ("block", "mtp")}
+    print("| device | layers | live rows | decode step (ms) | verification of B = 4 tokens per row ÷ step | "
+          "drafter | proposal ÷ step | break-even L |\n|---|---|---|---|---|---|---|---|")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "CPU, 2 threads"
+    for n in (1, 16):
+        c = round_costs(policy, drafters, n)
+        for kind in drafters:
+            print(f"| {name} | {DEEP_LAYERS} | {n} | {c['step']:.2f} | {c['verify'] / c['step']:.2f} | {kind} | "
+                  f"{c[kind] / c['step']:.2f} | {(c['verify'] + c[kind]) / c['step']:.2f} |", flush=True)
+
+
+def spec_rounds(world, policy, settings, drafters: dict, tasks: int, group: int, rounds: int) -> dict:
+    """Turn-synchronous rollouts decoded plainly and speculatively with each drafter, alternating, best of
+    ``rounds`` → {"plain" | kind: result}."""
+    best: dict[str, dict] = {}
+    for _ in range(rounds):
+        for name, kwargs in (("plain", {}), *((k, {"drafter": k}) for k in drafters)):
+            out = run(world, policy, settings, kwargs, tasks, group, drafters)
+            if name not in best or out["wall"] < best[name]["wall"]:
+                best[name] = out
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--round-costs", metavar="DEVICE", help="only the deeper policy's round costs on DEVICE "
+                                                            "(cpu, cuda): no rollouts, nothing written")
     args = ap.parse_args()
     torch.set_num_threads(2)
+    if args.round_costs:
+        return device_round_costs(args.round_costs)
     tasks, group, rounds = (2, 2, 1) if args.quick else (4, 4, 2)
     cfg = RLConfig(world="repo", progress=False)
     world = cfg.make_world()
     with tempfile.TemporaryDirectory() as tmp:
         policy, _ = warm_start(cfg, Path(tmp), world)  # the SFT policy (cached after its first training)
     settings = cfg.rollout_settings(world)
-    # the drafter a run would decode with: refreshed on the policy's own rollouts (other tasks than the timed ones)
-    from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
-    from mimo_kit.train.trainer import token_rows
-
-    refresher = DrafterRefresher(DrafterRefreshConfig(steps=DRAFTER_STEPS, seq_len=48, batch=8), policy.config)
-    warm = play(InProcessEngine(policy, seed=11), [world.episodes(t, group) for t in
-                                                    world.tasks(4 * tasks, seed=2, prefix="drafter")], settings)
-    drafter_loss = refresher.refresh(policy, token_rows(warm))
+    drafters, losses = train_drafters(policy, world, settings, tasks, group)
     results = {}
     for r in range(rounds):  # the variants alternate; each keeps its best wall time
         for name, kwargs in VARIANTS:
-            out = run(world, policy, settings, kwargs, tasks, group, refresher.drafter)
+            out = run(world, policy, settings, kwargs, tasks, group, drafters)
             print(f"round {r} · {name}: {out['prefill']:.0f} prefilled/episode, {out['tok_s']:.1f} tok/s", flush=True)
             if name not in results or out["wall"] < results[name]["wall"]:
                 results[name] = out
-    base, cont = results[VARIANTS[0][0]], results[VARIANTS[3][0]]
+    base, cont = results[VARIANTS[0][0]], results[VARIANTS[4][0]]
     lines = ["| engine | prompt tokens prefilled per episode (× fewer than its whole contexts) | generated tok/s | "
              "decode-batch KV peak (MiB) | host KV peak (MiB) | samples |", "|---|---|---|---|---|---|"]
     for name, kwargs in VARIANTS:
@@ -128,29 +212,44 @@ def main() -> None:
         if "drafter" in kwargs:
             same += f"; {o['accepted_length']:.2f} tokens per verification"
         fewer = f"{o['whole'] / o['prefill']:.1f}×"
-        kv = "not counted" if "drafter" in kwargs else f"{o['kv'] / 2**20:.2f}"  # the speculative path's own cache
         lines.append(f"| {name} | {o['prefill']:,.0f} ({fewer}) | {o['tok_s']:,.1f} ({o['tok_s'] / base['tok_s']:.2f}×)"
-                     f" | {kv} | {o['host'] / 2**20:.2f} | {same} |")
+                     f" | {o['kv'] / 2**20:.2f} | {o['host'] / 2**20:.2f} | {same} |")
     table = "\n".join(lines)
-    spec = results[VARIANTS[2][0]]
-    L, f = spec["accepted_length"], base["engine_share"]
-    bound_lines = ["| live rows | decode step (ms) | drafter propose (ms) | propose ÷ step | best decode speedup | "
-                   "best end-to-end speedup |", "|---|---|---|---|---|---|"]
-    costs = [round_costs(policy, refresher.drafter, rows) for rows in sorted({1, tasks * group})]
-    for rows, c in zip(sorted({1, tasks * group}), costs):
-        r = c["propose"] / c["step"]
-        decode = L / (1 + r)
-        bound_lines.append(f"| {rows} | {c['step']:.2f} | {c['propose']:.2f} | {r:.2f} | {decode:.2f}× | "
-                           f"{1 / ((1 - f) + f / decode):.2f}× |")
-    bound = "\n".join(bound_lines)
-    best = max(1 / ((1 - f) + f / (L / (1 + c["propose"] / c["step"]))) for c in costs)
-    verdict = (f"At this scale no batched speculative engine reaches 1.2× end to end on this machine (best {best:.2f}×)"
-               if best < 1.2 else f"A batched speculative engine could reach {best:.2f}× end to end here")
+    spec = {k: results[name] for name, kwargs in VARIANTS for k in [kwargs.get("drafter")] if k}
+    costs, best = speculative_costs(policy, drafters, spec, tasks * group)
+    deep_text = ""
+    if not args.quick:  # the same speculative rollouts on a deeper policy: proposals are a smaller share of a step
+        from mimo_kit.train.sft import PolicyConfig
+
+        deep_cfg = RLConfig(world="repo", progress=False,
+                            policy=PolicyConfig(hidden_size=cfg.policy.hidden_size, num_hidden_layers=DEEP_LAYERS))
+        with tempfile.TemporaryDirectory() as tmp:
+            deep, _ = warm_start(deep_cfg, Path(tmp), world)
+        deep_drafters, deep_losses = train_drafters(deep, world, settings, tasks, group)
+        got = spec_rounds(world, deep, settings, deep_drafters, tasks, group, rounds)
+        deep_lines = ["| decoding | generated tok/s | share of wall time in `generate` | tokens per verification |",
+                      "|---|---|---|---|"]
+        for name, o in got.items():
+            label = {"plain": "plain", "block": "speculative, block drafter (B = 4)", "mtp": "speculative, MTP (B = 4)"}
+            L = "—" if name == "plain" else f"{o['accepted_length']:.2f}"
+            deep_lines.append(f"| {label[name]} | {o['tok_s']:,.1f} ({o['tok_s'] / got['plain']['tok_s']:.2f}×) | "
+                              f"{o['engine_share']:.0%} | {L} |")
+        deep_costs, deep_best = speculative_costs(deep, deep_drafters, got, tasks * group)
+        print("\n".join(deep_lines), flush=True)
+        deep_text = (
+            f"**A deeper policy.** The same rollouts with a {DEEP_LAYERS}-layer policy (the RL config's policy with "
+            f"{DEEP_LAYERS} layers, its own SFT warm start; drafters trained as above, final losses block "
+            f"{deep_losses['block']:.2f}, MTP {deep_losses['mtp']:.2f}), turn-synchronous, best of {rounds} rounds:"
+            "\n\n" + "\n".join(deep_lines) + "\n\nIts round costs:\n\n" + deep_costs + "\n\n"
+            f"A proposal is now a small share of a step, but the verification still costs more than a step, so the "
+            f"best round here gives {deep_best:.2f}× the plain engine's decode rate at {tasks * group} rows.\n\n")
     text = (f"# The rollout engine on agentic episodes (chapter 6)\n\nRepo-world rollouts: {tasks} tasks × {group} "
-            f"episodes of the RL config's SFT policy (kit decoder, `tiny`; {base['passed']:.0%} of episodes pass), "
-            f"up to {settings.max_turns} turns of at most {settings.max_action_tokens} tokens, real commands in the "
+            f"episodes of the RL config's SFT policy (kit decoder, `tiny`, {policy.config.num_hidden_layers} "
+            f"layers; {base['passed']:.0%} of episodes pass), up to {settings.max_turns} turns of at most "
+            f"{settings.max_action_tokens} tokens at temperature {settings.temperature:g}, real commands in the "
             f"sandbox; {base['turns']:.1f} segments per episode on average. Best of {rounds} rounds, the variants "
-            f"alternating; 2 CPU threads. Regenerate with `python benchmarks/bench_engine.py`.\n\n{table}\n\n"
+            "alternating; 2 CPU threads. Regenerate with `python benchmarks/bench_engine.py`.\n\n"
+            f"{table}\n\n"
             "**Turn-synchronous** engines (`InProcessEngine` under the rollout driver) decode every live episode's "
             "action in one batch, then run every tool, then the next turn. Per-context KV keeps each finished "
             "turn's cache in a prefix store (`mimo_kit.infra.prefix_cache`, host memory, 256 MiB here) and "
@@ -168,23 +267,25 @@ def main() -> None:
             "Decode-batch KV counts each occupied row's tokens (every position in a GA layer, the window in an "
             "SWA ring, as a paged engine's token pool holds them); host KV is the prefix store or the parked "
             "episodes. Generated tok/s is over the whole rollout, tools and grading included.\n\n"
-            "Speculative decoding draws from the same distribution with other random draws (lossless: "
-            "`tests/test_engine_speculative.py`), so its episodes differ token for token. Its drafter is a block "
-            f"drafter refreshed for {DRAFTER_STEPS} steps on the policy's own rollouts of other tasks "
-            f"(`DrafterRefresher`, final loss {drafter_loss:.2f}); the engine decodes one sequence at a time "
-            "speculatively, against a batch of every live episode when decoding plainly.\n\n"
-            "**What speculative decoding could gain here, batched.** A speculative round replaces decode steps "
-            "with one drafter `propose` and one verification, which costs at least one decode step; with "
-            f"{L:.2f} tokens per verification (measured above) the best decode speedup is L ÷ (1 + propose ÷ step). "
-            f"The turn-synchronous engine spends {f:.0%} of the rollout's wall time inside `generate` (prefill and "
-            "decode; the rest is tools, grading and the driver), so the best end-to-end speedup is "
-            "1 ÷ ((1 − share) + share ÷ decode speedup). Costs measured on the same policy and drafter, each row "
-            "holding 200 tokens, 2 threads:\n\n"
-            f"{bound}\n\n"
-            f"The policy has {policy.config.num_hidden_layers} layers and the drafter "
-            f"{refresher.drafter.config.num_layers}, so a proposal costs a large fraction of a decode step; the "
-            f"report's backbone has 48 layers against a 5-layer drafter. {verdict}; `benchmarks/RESULTS_spec.md` "
-            "measures speculative decoding on backbones deep enough for drafting to pay.\n")
+            "**Speculative rollouts** decode every live episode of a turn together (`mimo_kit.speculative.rows`): "
+            "per round one batched proposal, one verification of every row's block on the static cache, each row "
+            "accepting its own drafts. They draw from the same distribution with other random draws (lossless: "
+            "`tests/test_engine_speculative.py`), so their episodes differ token for token. The drafters are a "
+            "block drafter and an MTP module, each trained for "
+            f"{DRAFTER_STEPS} steps on the policy's own rollouts of other tasks (`DrafterRefresher`, final losses "
+            f"block {losses['block']:.2f}, MTP {losses['mtp']:.2f}).\n\n"
+            "**What a speculative round costs.** A round replaces L decode steps (L tokens per verification, "
+            "measured above) with a proposal and a verification of B tokens per row, so the batched engine decodes "
+            "faster only when L ÷ ((verification + proposal) ÷ step) > 1. Costs on the same policy and drafters, each "
+            "row holding 200 tokens, 2 threads:\n\n"
+            f"{costs}\n\n"
+            "On a CPU the verification's arithmetic grows with its tokens (a block of 4 per row is 4 times a step's), "
+            "so it costs more than a step once the batch holds a few rows; on a GPU a decode step is bound by "
+            "reading the weights and a block of a few tokens costs about one step, which is where the report's "
+            f"drafter pays. Here the best round gives {best:.2f}× the plain decode rate at {tasks * group} rows, "
+            "and `generate` is only part of a rollout's wall time (tools, grading and the driver are the rest), so "
+            "speculative rollouts do not reach the plain engine's rate on this machine.\n\n"
+            f"{deep_text}")
     print(text)
     if not args.quick:
         out = Path(__file__).with_name("RESULTS_engine.md")

@@ -4,10 +4,12 @@
 # checkpointing and FSDP2 on the GPU), then the GPU benchmark (benchmarks/bench_gpu.py, issue shape), which writes
 # benchmarks/RESULTS_gpu.md, then the distill path (benchmarks/bench_distill_gpu.py: Qwen3.5-9B LoRA SFT at 4K tokens
 # and a 0.6B full SFT under FSDP through distill-sft's Trainer arguments, beside the memory plan), which writes
-# benchmarks/RESULTS_distill_gpu.md.
+# benchmarks/RESULTS_distill_gpu.md, then the batched speculative engine's round costs (benchmarks/bench_engine.py
+# --round-costs cuda: a decode step, a verification of 4 tokens per row and each drafter's proposal, printed with the
+# accepted length a drafter must reach to pay).
 #
 # Time: about 5 minutes on one H200, never more than 8: every stage runs under `timeout` (tests 150 s, benchmark
-# 180 s with a 130 s measurement budget, distill path 130 s), plus a few seconds of set-up.
+# 160 s with a 110 s measurement budget, distill path 130 s, round costs 40 s), plus a few seconds of set-up.
 # Installs nothing when the kit and its test dependencies import; otherwise `pip install -e ".[dev]"` constrained to
 # the torch already installed (torch is never replaced; this path needs the package index and more time). The
 # benchmark runs even when tests fail; the exit status is non-zero when any stage failed.
@@ -73,12 +75,15 @@ timeout -k 10 150 "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} "${g
     || failed+=("gpu tests (rc $?)")
 
 stage "benchmark"
-timeout -k 10 180 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 130 \
+timeout -k 10 160 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 110 \
     --out benchmarks/RESULTS_gpu.md || failed+=("benchmark (rc $?)")
 
 stage "distill path"
 timeout -k 10 130 "$PY" benchmarks/bench_distill_gpu.py --shape issue --steps 4 \
     --out benchmarks/RESULTS_distill_gpu.md || failed+=("distill path (rc $?)")
+
+stage "speculative round costs"
+timeout -k 5 40 "$PY" benchmarks/bench_engine.py --round-costs cuda || failed+=("speculative round costs (rc $?)")
 
 stage "summary"
 if ((${#failed[@]})); then
