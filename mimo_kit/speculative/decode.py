@@ -143,6 +143,17 @@ class Drafter(Protocol):
                pos: int) -> Any: ...
 
 
+def check_sampling(where: str, temperature: float, top_k: int, top_p: float, max_new_tokens: int, n: int,
+                   what: str) -> None:
+    """Refuse by name what no decoding loop can honour: sampling settings out of range, no ``what`` (n of them:
+    prompt tokens, prompts) or no token to generate."""
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"{where}: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), top_k={top_k} "
+                         "(>= 0) expected")
+    if n < 1 or max_new_tokens < 1:
+        raise ValueError(f"{where}: {n} {what}, max_new_tokens={max_new_tokens}; expected at least 1 of each")
+
+
 @torch.no_grad()
 def speculative_generate(backbone: MiMoForCausalLM, drafter: Drafter, prompt: torch.Tensor,
                          max_new_tokens: int, *, temperature: float = 0.0, eos_token_id: int | None = None,
@@ -170,12 +181,7 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
     path, :func:`~mimo_kit.model.fast_decode.block_logits`) instead of the general forward: the same logits up
     to float rounding, fewer small operations per round (the general forward, which raises by name, when a block
     could run past ``max_position_embeddings``)."""
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"speculative_sample: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
-                         f"top_k={top_k} (>= 0) expected")
-    if not prompt_ids or max_new_tokens < 1:
-        raise ValueError(f"speculative_sample: {len(prompt_ids)} prompt tokens, max_new_tokens={max_new_tokens}; "
-                         "expected at least 1 of each")
+    check_sampling("speculative_sample", temperature, top_k, top_p, max_new_tokens, len(prompt_ids), "prompt tokens")
     stops = set(stop_token_ids)
     K = drafter.num_drafts
     B = K + 1

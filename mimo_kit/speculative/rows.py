@@ -39,7 +39,7 @@ from mimo_kit.model.cache import KVCache
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.fast_decode import StaticKVCache, block_logits
 from mimo_kit.model.generate import truncate_logits
-from mimo_kit.speculative.decode import SpecResult, verify_rows
+from mimo_kit.speculative.decode import SpecResult, check_sampling, verify_rows
 
 
 def batched(drafter: Any) -> bool:
@@ -68,12 +68,7 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
     and the drafter's context starts at the suffix. ``should_stop`` is asked after every round; True ends the rows
     still running ("abort"). ``on_end(b, tokens, cache)`` is called as row b ends with its tokens, its row of
     ``cache`` holding the prompt and every token but the last (what a prefix cache stores)."""
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-        raise ValueError(f"speculative_sample_rows: temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
-                         f"top_k={top_k} (>= 0) expected")
-    if not prompts or max_new_tokens < 1:
-        raise ValueError(f"speculative_sample_rows: {len(prompts)} prompts, max_new_tokens={max_new_tokens}; "
-                         "expected at least 1 of each")
+    check_sampling("speculative_sample_rows", temperature, top_k, top_p, max_new_tokens, len(prompts), "prompts")
     if prefixes is not None and len(prefixes) != len(prompts):
         raise ValueError(f"speculative_sample_rows: {len(prefixes)} prefixes for {len(prompts)} prompts")
     t0 = time.perf_counter()
