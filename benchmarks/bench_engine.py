@@ -125,7 +125,8 @@ def train_drafters(policy, world, settings, tasks: int, group: int) -> tuple[dic
 
 def speculative_costs(policy, drafters: dict, results: dict, rows: int) -> tuple[str, float]:
     """The per-round cost table of the batched speculative engine at 1 and ``rows`` live rows → (markdown, best
-    decode speedup any of these rounds could give, L ÷ ((verify + propose) ÷ step))."""
+    decode speedup any of these rounds could give at ``rows`` rows, L ÷ ((verify + propose) ÷ step), and the
+    verification's cost there in decode steps)."""
     lines = ["| live rows | decode step (ms) | verification of B = 4 tokens per row (ms) | verification ÷ step | "
              "drafter | proposal ÷ step | break-even L, (verification + proposal) ÷ step | tokens per verification "
              "L (measured in the rollouts) | L ÷ (round ÷ step) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -135,10 +136,11 @@ def speculative_costs(policy, drafters: dict, results: dict, rows: int) -> tuple
         for kind in drafters:
             L, even = results[kind]["accepted_length"], (c["verify"] + c[kind]) / c["step"]
             best = max(best, L / even) if n == rows else best
+            ratio = c["verify"] / c["step"]  # the last: at ``rows`` rows
             lines.append(f"| {n} | {c['step']:.2f} | {c['verify']:.2f} | {c['verify'] / c['step']:.2f} | "
                          f"{'block' if kind == 'block' else 'MTP'} | {c[kind] / c['step']:.2f} | {even:.2f} | "
                          f"{L:.2f} | {L / even:.2f}× |")
-    return "\n".join(lines), best
+    return "\n".join(lines), best, ratio
 
 
 def device_round_costs(device: str) -> None:
@@ -183,6 +185,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--round-costs", metavar="DEVICE", help="only the deeper policy's round costs on DEVICE "
                                                             "(cpu, cuda): no rollouts, nothing written")
+    ap.add_argument("--device", default="cpu", help="where the policies and drafters run (the sandbox and sampling "
+                                                    "stay on the CPU); another device than cpu writes "
+                                                    "RESULTS_engine_<device>.md")
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.round_costs:
@@ -192,6 +197,9 @@ def main() -> None:
     world = cfg.make_world()
     with tempfile.TemporaryDirectory() as tmp:
         policy, _ = warm_start(cfg, Path(tmp), world)  # the SFT policy (cached after its first training)
+    policy = policy.to(args.device)
+    where = (f"{torch.cuda.get_device_name()}, sandbox and sampling on the CPU" if args.device.startswith("cuda")
+             else "2 CPU threads")
     settings = cfg.rollout_settings(world)
     drafters, losses = train_drafters(policy, world, settings, tasks, group)
     results, spread = {}, {}  # best round per variant; every round's tok/s
@@ -223,7 +231,7 @@ def main() -> None:
                      f"{o['host'] / 2**20:.2f} | {same} |")
     table = "\n".join(lines)
     spec = {k: results[name] for name, kwargs in VARIANTS for k in [kwargs.get("drafter")] if k}
-    costs, best = speculative_costs(policy, drafters, spec, tasks * group)
+    costs, best, verify = speculative_costs(policy, drafters, spec, tasks * group)
     f = base["engine_share"]
     deep_text = ""
     if not args.quick:  # the same speculative rollouts on a deeper policy: proposals are a smaller share of a step
@@ -233,6 +241,7 @@ def main() -> None:
                             policy=PolicyConfig(hidden_size=cfg.policy.hidden_size, num_hidden_layers=DEEP_LAYERS))
         with tempfile.TemporaryDirectory() as tmp:
             deep, _ = warm_start(deep_cfg, Path(tmp), world)
+        deep = deep.to(args.device)
         deep_drafters, deep_losses = train_drafters(deep, world, settings, tasks, group)
         got = spec_rounds(world, deep, settings, deep_drafters, tasks, group, rounds)
         deep_lines = ["| decoding | generated tok/s | tok/s over the rounds | share of wall time in `generate` | "
@@ -242,7 +251,7 @@ def main() -> None:
             L = "—" if name == "plain" else f"{o['accepted_length']:.2f}"
             deep_lines.append(f"| {label[name]} | {o['tok_s']:,.1f} ({o['tok_s'] / got['plain']['tok_s']:.2f}×) | "
                               f"{min(o['spread']):,.0f}–{max(o['spread']):,.0f} | {o['engine_share']:.0%} | {L} |")
-        deep_costs, deep_best = speculative_costs(deep, deep_drafters, got, tasks * group)
+        deep_costs, deep_best, deep_verify = speculative_costs(deep, deep_drafters, got, tasks * group)
         fd = got["plain"]["engine_share"]
         print("\n".join(deep_lines), flush=True)
         deep_text = (
@@ -250,8 +259,9 @@ def main() -> None:
             f"{DEEP_LAYERS} layers, its own SFT warm start; drafters trained as above, final losses block "
             f"{deep_losses['block']:.2f}, MTP {deep_losses['mtp']:.2f}), turn-synchronous, best of {rounds} rounds:"
             "\n\n" + "\n".join(deep_lines) + "\n\nIts round costs:\n\n" + deep_costs + "\n\n"
-            "A proposal is now a small share of a step, but the verification still costs more than a step, so the "
-            f"better drafter's rounds decode at {deep_best:.2f}× the plain rate at {tasks * group} rows: end to end "
+            "A proposal is a smaller share of a step here, and a verification costs "
+            f"{deep_verify:.2f} decode steps; the better drafter's rounds decode at {deep_best:.2f}× the plain rate "
+            f"at {tasks * group} rows: end to end "
             f"at most {1 / ((1 - fd) + fd / deep_best):.2f}× the plain rate, with `generate` at {fd:.0%} of the "
             "plain rollouts' time.\n\n")
     text = (f"# The rollout engine on agentic episodes (chapter 6)\n\nRepo-world rollouts: {tasks} tasks × {group} "
@@ -259,7 +269,8 @@ def main() -> None:
             f"layers; {base['passed']:.0%} of episodes pass), up to {settings.max_turns} turns of at most "
             f"{settings.max_action_tokens} tokens at temperature {settings.temperature:g}, real commands in the "
             f"sandbox; {base['turns']:.1f} segments per episode on average. Best of {rounds} rounds, the variants "
-            "alternating; 2 CPU threads. Regenerate with `python benchmarks/bench_engine.py`.\n\n"
+            f"alternating; {where}. Regenerate with `python benchmarks/bench_engine.py"
+            f"{'' if args.device == 'cpu' else ' --device ' + args.device}`.\n\n"
             f"{table}\n\n"
             "**Turn-synchronous** engines (`InProcessEngine` under the rollout driver) decode every live episode's "
             "action in one batch, then run every tool, then the next turn. Per-context KV keeps each finished "
@@ -288,12 +299,13 @@ def main() -> None:
             "**What a speculative round costs.** A round replaces L decode steps (L tokens per verification, "
             "measured above) with a proposal and a verification of B tokens per row, so the batched engine decodes "
             "faster only when L ÷ ((verification + proposal) ÷ step) > 1. Costs on the same policy and drafters, each "
-            "row holding 200 tokens, 2 threads:\n\n"
+            f"row holding 200 tokens, {where}:\n\n"
             f"{costs}\n\n"
-            "On this CPU a verification of 4 tokens per row costs well over a step (the table), where on a GPU a "
-            "decode step is bound by reading the weights and a block of a few tokens costs about one step, which is "
-            "where the report's drafter pays (`python benchmarks/bench_engine.py --round-costs cuda` measures the "
-            f"round there). Here the better drafter's rounds decode at {best:.2f}× the plain rate at "
+            f"Here a verification of 4 tokens per row costs {verify:.2f} decode steps at {tasks * group} rows. On a "
+            "GPU a decode step of a large model is bound by reading its weights, and a block of a few tokens costs "
+            "about one step, which is where the report's drafter pays (`python benchmarks/bench_engine.py "
+            "--round-costs cuda` times the round there, `--device cuda` the whole benchmark). Here the better "
+            f"drafter's rounds decode at {best:.2f}× the plain rate at "
             f"{tasks * group} rows, and `generate` is only part of a rollout's wall time (tools, grading and the "
             f"driver are the rest: `generate` takes {f:.0%} of the plain rollouts' time), so end to end a "
             f"speculative engine runs here at most at {1 / ((1 - f) + f / best):.2f}× the plain rate. The speculative "
@@ -304,7 +316,8 @@ def main() -> None:
             f"{deep_text}")
     print(text)
     if not args.quick:
-        out = Path(__file__).with_name("RESULTS_engine.md")
+        out = Path(__file__).with_name("RESULTS_engine.md" if args.device == "cpu" else
+                                       f"RESULTS_engine_{args.device.split(':')[0]}.md")
         out.write_text(text)
         print(f"→ {out}")
 

@@ -211,3 +211,24 @@ def test_verify_rows_accepts_and_resamples_as_the_one_row_rules():
     bad = cut[:, None].expand(N, K)
     a, nxt = verify_rows(bad, logits, p, q, g)
     assert (a == 0).all() and (p[torch.arange(N), 0, nxt] > 0).all()
+
+
+def test_a_drafter_with_only_the_one_sequence_protocol_decodes_each_request_alone(no_near_ties):
+    """The engine falls back to speculative_sample per request for a drafter without the batched methods: the same
+    greedy tokens, its rounds counted."""
+    bb = backbone(3, sliding_window=4)
+    inner = drafter("mtp", bb, 3)
+
+    class OneSequence:  # begin / propose / commit only
+        num_drafts = inner.num_drafts
+        begin, propose, commit = inner.begin, inner.propose, inner.commit
+
+    assert not batched(OneSequence())
+    g = torch.Generator().manual_seed(3)
+    reqs = [GenerationRequest(f"r{i}", torch.randint(0, V, (t,), generator=g).tolist(), max_new_tokens=10,
+                              temperature=0.0) for i, t in enumerate((6, 13))]
+    ref = InProcessEngine(bb).generate(reqs)
+    for r, o in zip(reqs, ref):
+        no_near_ties(bb, torch.tensor([r.prompt_ids + o.token_ids[:-1]]), greedy_from=len(r.prompt_ids) - 1)
+    eng = InProcessEngine(bb, drafter=OneSequence())
+    assert [o.token_ids for o in eng.generate(reqs)] == [o.token_ids for o in ref] and eng.spec.rounds > 0

@@ -134,11 +134,14 @@ class InProcessEngine:
     a GA layer, the window in an SWA ring, as a paged engine's token pool would hold them); the store's own peak is
     ``prefix_cache.peak_nbytes``.
 
-    ``drafter`` (a :class:`~mimo_kit.speculative.decode.Drafter`: the block drafter or MTP; :meth:`set_drafter`
-    swaps in a refreshed one) decodes each request speculatively, one sequence at a time on the static cache of the
-    fast path (verification with :func:`~mimo_kit.model.fast_decode.block_logits`), lossless under the
-    request's temperature, top-k and top-p (:func:`~mimo_kit.speculative.decode.speculative_sample`): the same
-    distribution of tokens, other draws of the sampling stream. Requests that capture routing (R3) decode plainly.
+    ``drafter`` (the block drafter or MTP; :meth:`set_drafter` swaps in a refreshed one) decodes speculatively on
+    the static cache of the fast path, lossless under the request's temperature, top-k and top-p: the same
+    distribution of tokens, other draws of the sampling stream. A group's requests draft and verify together, one
+    proposal and one verification (:func:`~mimo_kit.model.fast_decode.block_logits`) per round for every row
+    (:func:`~mimo_kit.speculative.rows.speculative_sample_rows`), over the prefix store's hits when it has one; a
+    drafter with only the one-sequence protocol (:class:`~mimo_kit.speculative.decode.Drafter`) decodes each request
+    alone (:func:`~mimo_kit.speculative.decode.speculative_sample`). Requests that capture routing (R3) decode
+    plainly.
     :attr:`spec` counts rounds, drafts proposed and accepted (reset it to log a step's acceptance).
     """
 
