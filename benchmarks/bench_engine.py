@@ -1,8 +1,8 @@
 """The rollout engine on agentic episodes (Report §6): repo-world rollouts (multi-turn, sandboxed tools) through the
 rollout driver, each engine optimisation switched on one at a time → benchmarks/RESULTS_engine.md.
 
-    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 3 rounds per variant (~9 min on 2 cores;
-                                                # the first run also trains the deeper policy's SFT, ~5 min)
+    python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 3 rounds per variant (~3 min on 2 cores
+                                                # once both policies' SFT warm starts are cached; ~10 min before)
     python benchmarks/bench_engine.py --quick   # 2 tasks × 2 episodes, one round, the RL config's policy, printed only
 
 Per variant: prompt tokens prefilled per episode, generated tokens per second of rollout wall time (tools and
