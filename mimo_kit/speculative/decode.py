@@ -143,6 +143,26 @@ class Drafter(Protocol):
                pos: int) -> Any: ...
 
 
+def target_distribution(logits: torch.Tensor, temperature: float, top_k: int,
+                        top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., V] target logits → (truncated target probabilities p̃ = softmax(truncate(z / T)), log softmax(z / T)),
+    both [..., V]; greedy (T = 0) scales by 1."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
+
+
+def token_record(tok: int, p_row: torch.Tensor, lsm_row: torch.Tensor, temperature: float,
+                 candidates: bool) -> tuple[float, list[int] | None]:
+    """What the engine reports for an emitted token, as plain sampling does: its logprob log softmax(z / T), or
+    with ``candidates`` log p̃ renormalised over the candidate set and that set (the support of p̃; greedy: the token
+    alone, logprob 0)."""
+    if not candidates:
+        return float(lsm_row[tok]), None
+    if temperature == 0:
+        return 0.0, [tok]
+    return float(p_row[tok].log()), (p_row > 0).nonzero()[:, 0].tolist()
+
+
 def check_sampling(where: str, temperature: float, top_k: int, top_p: float, max_new_tokens: int, n: int,
                    what: str) -> None:
     """Refuse by name what no decoding loop can honour: sampling settings out of range, no ``what`` (n of them:
@@ -211,17 +231,14 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
     state = drafter.begin(backbone, out, prompt)
 
     def target(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[n, V] logits → (truncated target probabilities p̃ [n, V], log softmax(z / T) [n, V])."""
-        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-        return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
+        return target_distribution(logits, temperature, top_k, top_p)
 
     def keep(tok: int, p_row: torch.Tensor, lsm_row: torch.Tensor) -> None:
         tokens.append(tok)
-        if cands is None:
-            logprobs.append(float(lsm_row[tok]))
-            return
-        logprobs.append(0.0 if temperature == 0 else float(p_row[tok].log()))  # greedy: the set is the token
-        cands.append([tok] if temperature == 0 else (p_row > 0).nonzero()[:, 0].tolist())
+        logprob, cand = token_record(tok, p_row, lsm_row, temperature, cands is not None)
+        logprobs.append(logprob)
+        if cands is not None:
+            cands.append(cand)
 
     tokens: list[int] = []
     logprobs: list[float] = []

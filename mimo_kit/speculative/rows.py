@@ -38,8 +38,13 @@ import torch
 from mimo_kit.model.cache import KVCache
 from mimo_kit.model.decoder import MiMoForCausalLM
 from mimo_kit.model.fast_decode import StaticKVCache, block_logits
-from mimo_kit.model.generate import truncate_logits
-from mimo_kit.speculative.decode import SpecResult, check_sampling, verify_rows
+from mimo_kit.speculative.decode import (
+    SpecResult,
+    check_sampling,
+    target_distribution,
+    token_record,
+    verify_rows,
+)
 
 
 def batched(drafter: Any) -> bool:
@@ -81,11 +86,6 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
                           dtype=next(backbone.parameters()).dtype, device=device, slack=B)
     state = drafter.rows_state(N, device)
 
-    def target(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[..., V] logits → (truncated target probabilities p̃, log softmax(z / T)), both [..., V]."""
-        scaled = logits.float() / (temperature if temperature > 0 else 1.0)
-        return truncate_logits(scaled, top_k, top_p).softmax(-1), scaled.log_softmax(-1)
-
     # ---- prefill: identical prompts once, equal lengths batched (StaticKVCache.prefill); the drafter reads the states
     def on_forward(rows: list[list[int]], out, start: int) -> None:
         seq = torch.tensor([j for j, r in enumerate(rows) for _ in r], device=device)  # each row's sequence
@@ -103,18 +103,16 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
 
     tokens: list[list[int]] = [[] for _ in range(N)]
     logprobs: list[list[float]] = [[] for _ in range(N)]
-    cands: list[list[list[int]]] = [[] for _ in range(N)]
+    cands: list[list[list[int] | None]] = [[] for _ in range(N)]
     accepted: list[list[int]] = [[] for _ in range(N)]
     proposed_at, accepted_at = [[0] * K for _ in range(N)], [[0] * K for _ in range(N)]
     reasons: list[str | None] = [None] * N
 
     def keep(b: int, tok: int, p_row: torch.Tensor, lsm_row: torch.Tensor) -> None:
         tokens[b].append(tok)
-        if not return_candidates:
-            logprobs[b].append(float(lsm_row[tok]))
-            return
-        logprobs[b].append(0.0 if temperature == 0 else float(p_row[tok].log()))  # greedy: the set is the token
-        cands[b].append([tok] if temperature == 0 else (p_row > 0).nonzero()[:, 0].tolist())
+        logprob, cand = token_record(tok, p_row, lsm_row, temperature, return_candidates)
+        logprobs[b].append(logprob)
+        cands[b].append(cand)
 
     def end(b: int, reason: str, extra: int = 0) -> None:
         """Row b ends: its last ``extra`` kept keys (tokens cut after a stop or past the budget) leave the cache."""
@@ -124,7 +122,7 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
         if on_end is not None:
             on_end(b, tokens[b], cache)
 
-    p0, lsm0 = target(first_logits)  # [N, V]
+    p0, lsm0 = target_distribution(first_logits, temperature, top_k, top_p)  # [N, V]
     first = first_logits.argmax(-1) if temperature == 0 else torch.multinomial(p0, 1, generator=generator)[:, 0]
     for b in range(N):
         keep(b, int(first[b]), p0[b], lsm0[b])
@@ -142,7 +140,7 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
         logits, hidden, last = block_logits(backbone, block.to(device), cache, cache.span + B,
                                             output_hidden_states=True)
         logits = logits.float().cpu()  # [N, B, V]: logits[n, i] predicts the token after block[n, i]
-        p, lsm = target(logits)
+        p, lsm = target_distribution(logits, temperature, top_k, top_p)
         q = (q_logits / temperature).softmax(-1) if temperature > 0 else None
         a, nxt = verify_rows(drafts, logits, p, q, generator)
         a = a.masked_fill(torch.tensor([r is not None for r in reasons]), -1)  # −1: ended, its block dropped
@@ -159,17 +157,15 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
                 accepted_at[b][i] += int(i < ab)
             accepted[b].append(ab)
             emitted = [*drafts[b, :ab].tolist(), nxt[b]]
-            before = len(tokens[b])
-            for i, tok in enumerate(emitted):
+            hit = next((i + 1 for i, t in enumerate(emitted) if t in stops), None)  # up to the first stop token
+            n_keep = min(max_new_tokens - len(tokens[b]), hit or len(emitted))  # … within the budget
+            for i, tok in enumerate(emitted[:n_keep]):
                 keep(b, int(tok), p[b, i], lsm[b, i])
             anchors[b], pos[b] = nxt[b], pos[b] + ab + 1
-            hit = next((i + 1 for i, t in enumerate(emitted) if t in stops), None)
-            n_keep = min(max_new_tokens - before, hit or len(emitted))
-            if n_keep < len(emitted) or hit is not None or before + n_keep >= max_new_tokens:
-                del tokens[b][before + n_keep:], logprobs[b][before + n_keep:]
-                if return_candidates:
-                    del cands[b][before + n_keep:]
-                end(b, "stop" if hit is not None and hit <= n_keep else "length", len(emitted) - n_keep)
+            if hit is not None and hit <= n_keep:
+                end(b, "stop", len(emitted) - n_keep)
+            elif len(tokens[b]) >= max_new_tokens:
+                end(b, "length", len(emitted) - n_keep)
         if should_stop is not None and any(r is None for r in reasons) and should_stop():
             for b in range(N):
                 if reasons[b] is None:
