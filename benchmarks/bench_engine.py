@@ -164,14 +164,15 @@ def device_round_costs(device: str) -> None:
                   f"{c[kind] / c['step']:.2f} | {(c['verify'] + c[kind]) / c['step']:.2f} |", flush=True)
 
 
-def spec_rounds(world, policy, settings, drafters: dict, tasks: int, group: int, rounds: int) -> dict:
-    """Turn-synchronous rollouts decoded plainly and speculatively with each drafter, alternating, best of
-    ``rounds`` → {"plain" | kind: result}."""
+def best_of(world, policy, settings, variants, drafters: dict, tasks: int, group: int, rounds: int) -> dict:
+    """Each of ``variants`` ((name, engine keyword arguments)) played ``rounds`` times, alternating → {name: its
+    round of least wall time, with ``spread``: every round's tok/s}."""
     best: dict[str, dict] = {}
     every: dict[str, list[float]] = {}
-    for _ in range(rounds):
-        for name, kwargs in (("plain", {}), *((k, {"drafter": k}) for k in drafters)):
+    for r in range(rounds):
+        for name, kwargs in variants:
             out = run(world, policy, settings, kwargs, tasks, group, drafters)
+            print(f"round {r} · {name}: {out['prefill']:.0f} prefilled/episode, {out['tok_s']:.1f} tok/s", flush=True)
             every.setdefault(name, []).append(out["tok_s"])
             if name not in best or out["wall"] < best[name]["wall"]:
                 best[name] = out
@@ -202,14 +203,7 @@ def main() -> None:
              else "2 CPU threads")
     settings = cfg.rollout_settings(world)
     drafters, losses = train_drafters(policy, world, settings, tasks, group)
-    results, spread = {}, {}  # best round per variant; every round's tok/s
-    for r in range(rounds):  # the variants alternate; each keeps its best wall time
-        for name, kwargs in VARIANTS:
-            out = run(world, policy, settings, kwargs, tasks, group, drafters)
-            print(f"round {r} · {name}: {out['prefill']:.0f} prefilled/episode, {out['tok_s']:.1f} tok/s", flush=True)
-            spread.setdefault(name, []).append(out["tok_s"])
-            if name not in results or out["wall"] < results[name]["wall"]:
-                results[name] = out
+    results = best_of(world, policy, settings, VARIANTS, drafters, tasks, group, rounds)
     base, cont = results[VARIANTS[0][0]], results[VARIANTS[4][0]]
     lines = ["| engine | prompt tokens prefilled per episode (× fewer than its whole contexts) | generated tok/s | "
              "tok/s over the rounds | decode-batch KV peak (MiB) | host KV peak (MiB) | samples |",
@@ -227,7 +221,7 @@ def main() -> None:
             same += f"; {o['accepted_length']:.2f} tokens per verification"
         fewer = f"{o['whole'] / o['prefill']:.1f}×"
         lines.append(f"| {name} | {o['prefill']:,.0f} ({fewer}) | {o['tok_s']:,.1f} ({o['tok_s'] / base['tok_s']:.2f}×)"
-                     f" | {min(spread[name]):,.0f}–{max(spread[name]):,.0f} | {o['kv'] / 2**20:.2f} | "
+                     f" | {min(o['spread']):,.0f}–{max(o['spread']):,.0f} | {o['kv'] / 2**20:.2f} | "
                      f"{o['host'] / 2**20:.2f} | {same} |")
     table = "\n".join(lines)
     spec = {k: results[name] for name, kwargs in VARIANTS for k in [kwargs.get("drafter")] if k}
@@ -243,7 +237,8 @@ def main() -> None:
             deep, _ = warm_start(deep_cfg, Path(tmp), world)
         deep = deep.to(args.device)
         deep_drafters, deep_losses = train_drafters(deep, world, settings, tasks, group)
-        got = spec_rounds(world, deep, settings, deep_drafters, tasks, group, rounds)
+        got = best_of(world, deep, settings, [("plain", {}), *((k, {"drafter": k}) for k in deep_drafters)],
+                      deep_drafters, tasks, group, rounds)
         deep_lines = ["| decoding | generated tok/s | tok/s over the rounds | share of wall time in `generate` | "
                       "tokens per verification |", "|---|---|---|---|---|"]
         for name, o in got.items():
