@@ -10,6 +10,10 @@ teardown seconds, its outcome and its markers), and writes
 - ``benchmarks/suite_durations.json``: the same seconds, which ``tests/conftest.py`` reads to hand the longest work
   units to the workers first.
 
+``--kernel-run PATH`` (repeatable) adds a table of runs of the suite on other sets of torch's CPU kernels
+(``ATEN_CPU_CAPABILITY``): each PATH is another run's durations JSON, beside the ``PATH.session.json`` that the
+suite writes with it (the kernels in force, the tests chosen, the wall time).
+
 Test time is summed over workers, so with ``-n 2`` it is about twice the wall time.
 """
 
@@ -33,7 +37,33 @@ def _fmt(seconds: float) -> str:
     return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
-def table(durations: dict[str, dict], walls: dict[str, float], note: str = "") -> str:
+def counts(durations: dict[str, dict]) -> dict[str, int]:
+    """Tests per outcome (passed, failed, skipped)."""
+    out: dict[str, int] = defaultdict(int)
+    for d in durations.values():
+        out[d["outcome"]] += 1
+    return dict(out)
+
+
+def kernel_rows(runs: list[tuple[dict[str, dict], dict]]) -> list[str]:
+    """The table of kernel sets: one row per run (its durations and its session record), the kernels torch ran."""
+    lines = ["## Kernel sets", "",
+             "The same suite on other sets of torch's CPU kernels (`ATEN_CPU_CAPABILITY`; the native set is the "
+             "processor's best). `(fast) or outcome` is CI's second pass, `make test-kernels`.", "",
+             "| kernels in force | `ATEN_CPU_CAPABILITY` | tests chosen | passed | failed | skipped | wall time |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for durations, session in runs:
+        n = counts(durations)
+        chosen = "(fast) or outcome" if "or outcome" in session.get("markexpr", "") else (
+            session.get("markexpr") or "all")
+        lines.append(f"| {session.get('kernels') or '?'} | {session.get('aten_cpu_capability') or '(unset: native)'} "
+                     f"| {chosen} | {n.get('passed', 0)} | {n.get('failed', 0)} | {n.get('skipped', 0)} "
+                     f"| {_fmt(session.get('wall_seconds', 0.0))} |")
+    return lines + [""]
+
+
+def table(durations: dict[str, dict], walls: dict[str, float], note: str = "",
+          kernel_runs: list[tuple[dict[str, dict], dict]] | None = None) -> str:
     total = sum(d["seconds"] for d in durations.values())
     outcomes = defaultdict(int)
     for d in durations.values():
@@ -48,8 +78,10 @@ def table(durations: dict[str, dict], walls: dict[str, float], note: str = "") -
             cmd, goal = goals[tier]
             lines.append(f"| {tier} | {cmd} | {_fmt(walls[tier])} | ≤ {_fmt(goal)} |")
     lines += ["", f"{len(durations)} tests ({', '.join(f'{n} {k}' for k, n in sorted(outcomes.items()))}); "
-              f"test time summed over workers {_fmt(total)}.", "",
-              "## Per marker", "", "| marker | tests | seconds | share |", "|---|---:|---:|---:|"]
+              f"test time summed over workers {_fmt(total)}.", ""]
+    if kernel_runs:
+        lines += kernel_rows(kernel_runs)
+    lines += ["## Per marker", "", "| marker | tests | seconds | share |", "|---|---:|---:|---:|"]
     by_marker: dict[str, list[float]] = defaultdict(list)
     for d in durations.values():
         by_marker[d["markers"][0] if d["markers"] else "(none: fast tier)"].append(d["seconds"])
@@ -77,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall", action="append", default=[], metavar="TIER=SECONDS",
                     help=f"a tier's wall time ({', '.join(TIERS)}); repeatable")
     ap.add_argument("--note", default="", help="one line on how it was measured")
+    ap.add_argument("--kernel-run", action="append", default=[], metavar="PATH",
+                    help="another run's durations JSON (with PATH.session.json beside it) for the table of kernel "
+                         "sets; repeatable")
     ap.add_argument("--out", default=str(HERE / "RESULTS_suite.md"))
     ap.add_argument("--json-out", default=str(HERE / "suite_durations.json"))
     args = ap.parse_args(argv)
@@ -87,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         if tier not in TIERS or not secs.replace(".", "", 1).isdigit():
             ap.error(f"--wall {item!r}: expected TIER=SECONDS with TIER one of {', '.join(TIERS)}")
         walls[tier] = float(secs)
-    Path(args.out).write_text(table(durations, walls, args.note))
+    runs = []
+    for path in [args.durations, *args.kernel_run] if args.kernel_run else []:
+        session = Path(f"{path}.session.json")
+        if not session.is_file():
+            ap.error(f"--kernel-run {path!r}: no {session.name} beside it (the suite writes one with "
+                     "--durations-json)")
+        runs.append((json.loads(Path(path).read_text()), json.loads(session.read_text())))
+    Path(args.out).write_text(table(durations, walls, args.note, runs))
     Path(args.json_out).write_text(json.dumps({n: {"seconds": round(d["seconds"], 2), "markers": d["markers"]}
                                                for n, d in sorted(durations.items())}, indent=1) + "\n")
     print(f"wrote {args.out} and {args.json_out} ({len(durations)} tests)")

@@ -83,10 +83,34 @@ def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: s
     """Execute ``nb`` in place; on failure the cells run so far keep their outputs and the error propagates.
 
     ``threads`` caps the kernel's torch / OpenMP threads (``OMP_NUM_THREADS``), for kernels that share the cores."""
+    import tempfile
+
     from nbclient import NotebookClient
 
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-    client.execute(env=kernel_env(quick=quick, preset=preset, threads=threads))
+    with tempfile.TemporaryDirectory(prefix="mimo-kit-kernel-") as sockets:
+        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+        client.km = kernel_manager(Path(sockets))
+        client.execute(env=kernel_env(quick=quick, preset=preset, threads=threads))
+
+
+def kernel_manager(sockets: Path, kernel_name: str = "python3", manager_class=None):
+    """A manager for one private chapter kernel whose traffic no other local user can read: over TCP with
+    CurveZMQ keys the manager provisions, where libzmq has Curve and the kernelspec declares it (jupyter_client
+    ≥ 8.10, ipykernel ≥ 7.4), else over Unix sockets under ``sockets`` (a folder private to the caller). A kernel
+    started either way has no "running over TCP without encryption" warning to print.
+
+    ``manager_class``: a ``KernelManager`` subclass (a sandboxed one) to instantiate instead of the plain one."""
+    import zmq
+    from jupyter_client import KernelManager
+
+    cls = manager_class or KernelManager
+    km = cls(kernel_name=kernel_name)
+    declared = (km.kernel_spec.metadata or {}).get("supported_encryption") or []
+    declared = [declared] if isinstance(declared, str) else list(declared)
+    if zmq.has("curve") and "transport_encryption" in cls.class_trait_names() and "curve" in declared:
+        km.transport_encryption = "required"  # start fails rather than fall back to plain TCP
+        return km
+    return cls(kernel_name=kernel_name, transport="ipc", ip=str(sockets / "kernel"))
 
 
 def kernel_env(*, quick: bool, preset: str, threads: int | None = None) -> dict[str, str]:

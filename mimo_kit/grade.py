@@ -179,7 +179,7 @@ def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "ti
     from nbclient import NotebookClient
 
     from mimo_kit.answers import ANSWERS_ENV, recorded
-    from mimo_kit.course import kernel_env
+    from mimo_kit.course import kernel_env, kernel_manager
 
     path = Path(path)
     nb = nbformat.read(path, as_version=4)
@@ -199,6 +199,8 @@ def grade_one(path: Path, *, student: str, timeout: int = 600, preset: str = "ti
         if sandbox:  # Unix sockets cross the network namespace; TCP on the loopback would not
             client.km = _sandboxed_kernel_class()(kernel_name="python3", transport="ipc",
                                                   ip=str(Path(tmp) / "kernel"))
+        else:  # encrypted TCP, or Unix sockets: never plain TCP that another local user could read
+            client.km = kernel_manager(Path(tmp))
         try:
             client.execute(env=env)
             failure = None

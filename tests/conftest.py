@@ -60,6 +60,7 @@ def pytest_configure(config):
     if FORCED_THREADS:
         torch.set_num_threads(int(FORCED_THREADS))
     _session_threads = torch.get_num_threads()
+    _install_outcome_probes()
 
 
 @pytest.fixture(autouse=True)
@@ -87,9 +88,18 @@ def one_thread():
 
 
 def pytest_report_header(config):
+    lines = []
     if FORCED_THREADS:
-        return f"MIMO_KIT_TEST_THREADS={FORCED_THREADS}: torch and subprocesses run on {FORCED_THREADS} thread(s)"
-    return None
+        lines.append(f"MIMO_KIT_TEST_THREADS={FORCED_THREADS}: torch and subprocesses run on {FORCED_THREADS} "
+                     "thread(s)")
+    try:
+        import torch
+
+        lines.append(f"torch CPU kernels: {torch.backends.cpu.get_cpu_capability()} "
+                     f"(ATEN_CPU_CAPABILITY={os.environ.get('ATEN_CPU_CAPABILITY', 'unset')})")
+    except ImportError:
+        pass
+    return lines
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
@@ -178,12 +188,43 @@ def pytest_runtest_logreport(report):
         entry["outcome"] = "skipped"
 
 
+_session_start: float | None = None
+
+
+def pytest_sessionstart(session):
+    global _session_start
+    import time
+
+    _session_start = time.time()
+
+
+def session_record(config, exitstatus: int, seconds: float) -> dict:
+    """How a run ran, beside its durations (``PATH`` → ``PATH.session.json``): the CPU kernels torch ran in force
+    (``ATEN_CPU_CAPABILITY``), the marker expression that chose the tests, the workers, the exit status, the wall
+    time. ``benchmarks/suite_table.py --kernel-run`` reads it into RESULTS_suite.md's table of kernel sets."""
+    import platform
+
+    try:
+        import torch
+
+        kernels = torch.backends.cpu.get_cpu_capability()
+    except ImportError:
+        kernels = None
+    return {"kernels": kernels, "aten_cpu_capability": os.environ.get("ATEN_CPU_CAPABILITY"),
+            "markexpr": config.option.markexpr or "", "workers": getattr(config.option, "numprocesses", None),
+            "exitstatus": int(exitstatus), "wall_seconds": round(seconds, 1), "machine": platform.machine(),
+            "cores": len(os.sched_getaffinity(0))}
+
+
 def pytest_sessionfinish(session, exitstatus):
     import json
+    import time
 
     path = session.config.getoption("--durations-json")
     if path and not os.environ.get("PYTEST_XDIST_WORKER"):  # the controller sees every worker's reports
         Path(path).write_text(json.dumps(dict(sorted(_durations.items())), indent=1) + "\n")
+        record = session_record(session.config, exitstatus, time.time() - (_session_start or time.time()))
+        Path(f"{path}.session.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 def pytest_unconfigure(config):
@@ -205,6 +246,53 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section(f"tests over {SLOW_SECONDS:.0f} s without a marker ({', '.join(SLOW_MARKERS)})")
         for total, nodeid in sorted(slow, reverse=True):
             terminalreporter.write_line(f"{total:7.1f} s  {nodeid}")
+
+
+# ---- outcomes of training and sampling --------------------------------------------------------------------------
+# Which vectorised kernels torch runs (``ATEN_CPU_CAPABILITY``: default, avx2, avx512; torch picks the CPU's best)
+# changes float rounding, and rounding compounds over optimiser steps and sampled draws. A test that asserts on
+# such an outcome must hold on every kernel set, so CI runs it a second time under ``ATEN_CPU_CAPABILITY=default``
+# (.ci/run): the fast tier runs there whole, and every other test that trains or samples carries the ``outcome``
+# marker. A test outside the fast tier that steps a torch optimiser or draws with ``torch.multinomial`` in this
+# process without the marker fails, naming the marker; tests that train in processes they start (torchrun ranks,
+# notebook kernels, servers) carry it by hand.
+OUTCOME_MARKER = "outcome"
+_outcome_calls: list[str] = []
+
+
+def _note_outcome(kind: str) -> None:
+    if not _outcome_calls:
+        _outcome_calls.append(kind)
+
+
+def _install_outcome_probes() -> None:
+    import functools
+
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    register_optimizer_step_post_hook(lambda opt, args, kwargs: _note_outcome(f"{type(opt).__name__}.step"))
+    for owner, name in ((torch, "multinomial"), (torch.Tensor, "multinomial")):
+        draw = getattr(owner, name)
+
+        @functools.wraps(draw)
+        def probe(*args, _draw=draw, **kwargs):
+            _note_outcome("torch.multinomial")
+            return _draw(*args, **kwargs)
+
+        setattr(owner, name, probe)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _outcome_calls.clear()
+    result = yield
+    fast = not any(m in item.keywords for m in SLOW_MARKERS)
+    if _outcome_calls and not fast and OUTCOME_MARKER not in item.keywords:
+        pytest.fail(f"{item.nodeid} calls {_outcome_calls[0]} outside the fast tier without the "
+                    f"`{OUTCOME_MARKER}` marker: mark it @pytest.mark.{OUTCOME_MARKER} (tests/conftest.py), so CI "
+                    "reruns it under ATEN_CPU_CAPABILITY=default", pytrace=False)
+    return result
 
 
 # ---- optional components ---------------------------------------------------------------------------------------

@@ -74,6 +74,7 @@ def number(cell: str) -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.outcome  # the script's training row steps AdamW (in the process it starts)
 def test_cpu_smoke_run_writes_the_table(tmp_path):
     """The whole script on the tiny shape, as ``scripts/gpu_check.sh`` runs it on a GPU (~30 s on 2 cores)."""
     out = tmp_path / "RESULTS_gpu.md"
@@ -100,6 +101,7 @@ def test_cpu_smoke_run_writes_the_table(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome  # both cases train (in the process the test starts)
 def test_the_distill_path_bench_runs_its_cases_on_the_tiny_shape(tmp_path):
     """benchmarks/bench_distill_gpu.py as gpu_check.sh runs it, at toy size on a CPU: both cases train through
     distill-sft's Trainer arguments (LoRA adapters only; the full fine-tune in fp32) and report tokens/s and the

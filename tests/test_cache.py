@@ -63,6 +63,7 @@ def test_any_source_edit_changes_every_address(cache_at, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_a_second_run_loads_the_warm_start_another_run_trained(cache_at, tmp_path, monkeypatch):
     """Two RL runs of one config in two folders: the second loads the first's SFT from the cache (no training)
     and starts from the same weights; a changed SFT config trains again."""

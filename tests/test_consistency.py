@@ -17,6 +17,7 @@ def mxfp4():
     return measure_consistency(ConsistencyConfig(groups=10, sft_steps=40))
 
 
+@pytest.mark.outcome
 def test_every_combination_is_scored_on_the_same_tokens(mxfp4):
     rows = mxfp4["rows"]
     assert len(rows) == 8 and len({(r["qdq"], r["r3"], r["topp_replay"]) for r in rows}) == 8
@@ -24,6 +25,7 @@ def test_every_combination_is_scored_on_the_same_tokens(mxfp4):
     assert 1.0 <= mxfp4["mean_candidates"] < 20  # top-p 0.9 of a trained toy policy: a few candidates per token
 
 
+@pytest.mark.outcome
 def test_qdq_with_topp_replay_closes_the_gap_to_rounding(mxfp4):
     """With MXFP4 rollouts the training forward reads the same quantised experts under QDQ, and renormalises over
     the same candidate set under replay: what remains is float rounding."""
@@ -34,6 +36,7 @@ def test_qdq_with_topp_replay_closes_the_gap_to_rounding(mxfp4):
     assert rows["QDQ + top-p replay"]["k3_kl"] < rows["top-p replay"]["k3_kl"]  # QDQ on top of replay helps
 
 
+@pytest.mark.outcome
 def test_r3_leaves_no_token_on_another_expert(mxfp4):
     for r in mxfp4["rows"]:
         if r["r3"]:
@@ -41,6 +44,7 @@ def test_r3_leaves_no_token_on_another_expert(mxfp4):
         assert 0.0 <= r["routing_flips"] <= 1.0
 
 
+@pytest.mark.outcome
 def test_without_mxfp4_the_engine_and_trainer_agree():
     """Same weights on both sides: with top-p replay every row is at float rounding, QDQ or not."""
     rows = by_label(measure_consistency(ConsistencyConfig(groups=6, sft_steps=20, mxfp4_rollouts=False)))
@@ -48,6 +52,7 @@ def test_without_mxfp4_the_engine_and_trainer_agree():
     assert rows["top-p replay"]["routing_flips"] == 0.0
 
 
+@pytest.mark.outcome
 def test_samples_without_routing_are_refused():
     from mimo_kit.infra.engine import InProcessEngine
     from mimo_kit.train.sft import PolicyConfig, build_policy

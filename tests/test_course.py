@@ -66,6 +66,31 @@ def test_course_runs_two_chapters_at_once_in_their_own_environments(tmp_path, mo
         run_course(tmp_path / "c2", directory=src, jobs=0)
 
 
+@pytest.mark.slow  # two kernel starts, ~2 s each
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "ipc"])
+def test_chapter_kernels_talk_encrypted_or_over_unix_sockets(tmp_path, capfd, monkeypatch, curve):
+    """A chapter kernel never runs over plain TCP (so `make demo` prints no "without encryption" warning, which
+    ipykernel writes to the stderr it shares with the course): CurveZMQ keys where libzmq has Curve and the
+    kernelspec declares it, else Unix sockets in a private folder."""
+    import zmq
+    from jupyter_client import KernelManager
+
+    from mimo_kit.course import execute_node, kernel_manager
+
+    if not curve:  # a libzmq built without libsodium
+        has = zmq.has
+        monkeypatch.setattr(zmq, "has", lambda feature: False if feature == "curve" else has(feature))
+    elif not zmq.has("curve") or "transport_encryption" not in KernelManager.class_trait_names():
+        pytest.skip("CurveZMQ needs libzmq with Curve and jupyter_client >= 8.10")
+    km = kernel_manager(tmp_path)
+    assert km.transport == ("tcp" if curve else "ipc")
+    assert getattr(km, "transport_encryption", "disabled") == ("required" if curve else "disabled")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    execute_node(nb, tmp_path, quick=True, preset="tiny", timeout=60)
+    assert nb.cells[0].outputs[0]["text"] == "42\n"
+    assert "without encryption" not in capfd.readouterr().err
+
+
 def test_course_command_exit_code_reflects_failures(tmp_path, capsys):
     src = tmp_path / "nbs"
     src.mkdir()

@@ -96,6 +96,7 @@ def _cfg(tmp_path, student_dir, **kw):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_run_rl_plays_and_trains_a_lora_student_end_to_end(tmp_path, student_dir):
     """One RL step of ``mimo-kit run rl student.model=... student.lora=true``: the student acts through the
     harness in its chat layout, the engine follows the learner (version 1), only LoRA adapters are trainable and

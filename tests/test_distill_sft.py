@@ -175,6 +175,7 @@ def test_sft_from_a_local_checkpoint_learns_and_reloads(local_model, traces, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_tiny_preset_through_the_registry(tmp_path, capsys):
     assert cli.main(["run", "distill-sft", "--preset", "tiny", "--out", str(tmp_path / "cli"), "steps=2",
                      "max_length=256", f"out_dir={tmp_path / 'run'}"]) == 0

@@ -119,6 +119,7 @@ def pretrain(out, **kw):
     return run_pretrain(PretrainConfig.preset("tiny", **args), progress=False)
 
 
+@pytest.mark.outcome
 def test_pretraining_on_cuda_in_bf16_keeps_fp32_master_weights(tmp_path):
     result = pretrain(tmp_path, precision="bf16")
     loss = result.log["loss"]
@@ -133,6 +134,7 @@ def test_pretraining_on_cuda_in_bf16_keeps_fp32_master_weights(tmp_path):
     assert (tmp_path / "model.safetensors").is_file()
 
 
+@pytest.mark.outcome
 def test_rl_step_on_cuda(tmp_path):
     from mimo_kit.train.trainer import RLConfig, run_rl
 
@@ -146,6 +148,7 @@ def test_rl_step_on_cuda(tmp_path):
     assert all(p.device.type == DEV.type for p in result["model"].parameters())
 
 
+@pytest.mark.outcome
 def test_activation_checkpointing_on_cuda_gives_the_same_losses(tmp_path):
     plain = pretrain(tmp_path / "plain", steps=2, eval_every=2, checkpoint_every=2, precision="fp32")
     ckpt = pretrain(tmp_path / "ckpt", steps=2, eval_every=2, checkpoint_every=2, precision="fp32",
@@ -154,6 +157,7 @@ def test_activation_checkpointing_on_cuda_gives_the_same_losses(tmp_path):
         assert abs(a - b) <= 1e-4 * abs(b), (ckpt.log["loss"], plain.log["loss"])
 
 
+@pytest.mark.outcome
 def test_fsdp2_in_one_process_equals_the_unsharded_run(tmp_path):
     """``fsdp="on"`` shards over a one-process group: the same maths, so the same losses. fp32, so that only the
     sharding differs (bf16 casts may sit elsewhere under FSDP's mixed precision than under autocast)."""

@@ -29,6 +29,7 @@ def test_mixer_off_leaves_the_config_and_the_run_as_before():
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_rl_with_the_mixer_draws_per_source_and_records_counts(tmp_path, sft_file):
     r = run_rl(mixed(tmp_path, sft_file))
     assert len(r["history"]) == 3
@@ -61,6 +62,7 @@ def interrupted(cfg, monkeypatch, after: int):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_exact_resume_with_the_mixer(tmp_path, sft_file, monkeypatch):
     ref = run_rl(mixed(tmp_path / "ref", sft_file, steps=4))
     interrupted(mixed(tmp_path / "res", sft_file, steps=4), monkeypatch, after=3)  # checkpoint at 2, dies in 4
@@ -71,6 +73,7 @@ def test_exact_resume_with_the_mixer(tmp_path, sft_file, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_replay_only_in_the_first_step_after_a_resume(tmp_path, sft_file, monkeypatch):
     cfg = mixed(tmp_path, sft_file, steps=5, **{"mixing.replay": True, "mixing.oversample": 2.0})
     interrupted(cfg, monkeypatch, after=2)

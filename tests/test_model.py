@@ -67,12 +67,16 @@ def test_sink_absorbs_mass():
     torch.testing.assert_close(out, torch.full((1, 1, 1, 1, 2), 0.5))
 
 
-def test_swa_with_its_own_kv_heads_is_causal_and_local():
+def test_swa_with_its_own_kv_heads_is_causal_and_local(no_near_ties):
     """Pro-style configs (SWA KV heads = GA KV heads) run, and token 0 reaches exactly its receptive field."""
     model = tiny(num_key_value_heads=2, swa_num_key_value_heads=2, global_layers=(), sliding_window=4)
     ids = tokens(1, 30)
     changed = ids.clone()
     changed[0, 0] = (ids[0, 0] + 1) % 512
+    # beyond the field the two inputs' hidden states differ by rounding only: with no router near tie in either
+    # forward, no expert choice there can differ between them, so the rounding bound below holds on any kernels
+    no_near_ties(model, ids)
+    no_near_ties(model, changed)
     with torch.no_grad():
         a, b = model(ids).logits, model(changed).logits
     depth = model.config.num_hidden_layers

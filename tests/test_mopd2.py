@@ -65,6 +65,7 @@ def test_exact_reverse_kl_equals_trl_beta1_per_token_and_batchmean():
 
 
 # ---- (b) the sampled estimator is unbiased for it ------------------------------------------------------------------
+@pytest.mark.outcome
 def test_sampled_opd_loss_is_unbiased_in_value_and_gradient():
     """y ~ π_s at each of P positions, M draws each: mean ℓ → KL, mean ∇_z ℓ → ∇_z KL. Tolerance 5 standard errors
     of the per-draw values (measured from the draws; 5σ makes a false failure ~1e-6 per entry) plus 1e-6."""
@@ -130,6 +131,7 @@ def _domain_of_row(row: list[int], lines) -> str:
 
 
 @pytest.mark.parametrize("variant", ["standard", "prefix"])
+@pytest.mark.outcome
 def test_variant_trains_routes_and_lowers_reverse_kl(world, variant, tmp_path):
     cfg, sft, teachers = world
     cfg = dataclasses.replace(cfg, variant=variant)
@@ -162,10 +164,13 @@ def test_variant_trains_routes_and_lowers_reverse_kl(world, variant, tmp_path):
         assert h["_row_teacher"] == [ROUTES[d] for d in doms]
         assert all(s.domain == task_domain(s.metadata["task"], cfg.domain_lines) for s in h["_samples"])
     # the student's exact reverse KL to the open domain's teacher, on its own states, goes down. (At this scale the
-    # verifiable teacher is the student after 2 RL steps, within ~0.01 nats of it: nothing to close there.)
+    # verifiable teacher is the student after 2 RL steps, within ~0.01 nats of it: nothing to close there.) Over seeds
+    # 0–3 on the default, AVX2 and AVX512 kernels after/before was 0.40–0.70 (standard) and 0.25–0.68 (prefix), mean
+    # ~0.52: the 0.9 asked for lies over 2 sd above it
     assert after["open"] < 0.9 * before["open"], (before, after)
 
 
+@pytest.mark.outcome
 def test_prefix_trains_only_the_new_turn(world):
     cfg, sft, teachers = world
     cfg = dataclasses.replace(cfg, variant="prefix", steps=2)
@@ -187,6 +192,7 @@ def test_prefix_trains_only_the_new_turn(world):
     assert len(set(ks)) > 1  # k is drawn per sample
 
 
+@pytest.mark.outcome
 def test_exact_estimator_loss_equals_trl_gkd_compute_loss(world):
     """One batch of student episodes, one teacher: the kit's loss with ``estimator='exact'`` and token-mean equals
     ``GKDTrainer.compute_loss`` (lmbda=1: the batch is the student's own; beta=1; temperature 1; batchmean)."""

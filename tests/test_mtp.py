@@ -77,7 +77,7 @@ def test_load_mtp_names_missing_and_unexpected_keys():
 
 
 @pytest.mark.parametrize("num_layers, window", [(1, None), (2, 6)])
-def test_training_chain_equals_the_decoding_chain(num_layers, window):
+def test_training_chain_equals_the_decoding_chain(num_layers, window, no_near_ties):
     """mtp_loss's batched chain (teacher-forced with the greedy drafts) gives the logits propose gives."""
     bb = backbone(2)
     mtp = random_mtp(bb, 2, num_layers=num_layers, block_size=5, context_window=window)
@@ -93,10 +93,13 @@ def test_training_chain_equals_the_decoding_chain(num_layers, window):
         allowed = torch.arange(39)[None] < P - 1
         logits = mtp.chain(bb, h[:, P - 1 : P], y[:, P], torch.tensor([P]), kv, allowed, 4,
                            lambda j, _: y[:, P + j + 1])
+    # the backbone states come from a forward of the prefix and one of the whole text, which round differently;
+    # without a router near tie they route alike, so the chains agree to rounding
+    no_near_ties(bb, y)
     torch.testing.assert_close(torch.cat(logits), q, rtol=1e-4, atol=1e-4)
 
 
-def test_commit_equals_rebuilding_the_state_from_the_longer_text():
+def test_commit_equals_rebuilding_the_state_from_the_longer_text(no_near_ties):
     bb = backbone(3)
     mtp = random_mtp(bb, 3, num_layers=2, block_size=4, context_window=8)
     x = torch.randint(0, 512, (1, 30), generator=torch.Generator().manual_seed(3))
@@ -108,6 +111,7 @@ def test_commit_equals_rebuilding_the_state_from_the_longer_text():
         bb(x[:, :P], cache)
         state = mtp.commit(bb, state, bb(block, cache), block, a, P)
         fresh = mtp.begin(bb, bb(x[:, : P + a + 1]), x[:, : P + a + 1])
+    no_near_ties(bb, x[:, : P + 4])  # cached block and whole forward round differently, and route alike
     for k1, k2 in zip(state.keys + state.values + [state.last_hidden], fresh.keys + fresh.values + [fresh.last_hidden]):
         torch.testing.assert_close(k1, k2, rtol=1e-5, atol=1e-5)
     assert state.keys[0].shape[2] == 7  # window − 1 entries kept
@@ -135,4 +139,6 @@ def test_mtp_training_lowers_the_loss_and_resumes_exactly(tmp_path):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # a fixed batch and a deterministic loss: the fit is smooth in the weights, so the kernels' rounding moves the
+    # final ratio by ~1e-6 (0.7731 under default and AVX512 kernels alike), far from the bound
     assert losses[-1] < 0.85 * losses[0]

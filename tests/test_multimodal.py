@@ -28,6 +28,19 @@ def batch(model: MiMoMultimodal, suffixes: list[list[int]], seed: int = 0):
     return ids, images, codes
 
 
+class WithMedia:
+    """``m`` with its media fixed, called as ``no_near_ties`` calls a model: ``moe_layers()``, ``(ids) → output``."""
+
+    def __init__(self, m: MiMoMultimodal, images: torch.Tensor, codes: torch.Tensor):
+        self.m, self.images, self.codes = m, images, codes
+
+    def moe_layers(self):
+        return self.m.decoder.moe_layers()
+
+    def __call__(self, ids: torch.Tensor):
+        return self.m(ids, self.images, self.codes)
+
+
 def test_placeholder_counts_follow_the_encoders():
     m = build()
     assert m.image_positions(16, 16) == 64 and m.audio_positions(FRAMES) == math.ceil(FRAMES / 4)
@@ -41,12 +54,16 @@ def test_text_only_input_is_the_plain_decoder():
     torch.testing.assert_close(m(ids).logits, m.decoder(ids).logits, rtol=0, atol=0)
 
 
-def test_media_reach_only_later_positions_and_gradients_reach_both_encoders():
+def test_media_reach_only_later_positions_and_gradients_reach_both_encoders(no_near_ties):
     m = build().eval()
     ids, images, codes = batch(m, [[7, 8, 9]])
     base = m(ids, images, codes).logits
     other = m(ids, images + 1.0, codes).logits
     first_image = int((ids[0] == 510).nonzero()[0])
+    # the image changes which tokens each expert sees, so the text before it rounds differently in the two forwards;
+    # with no router near tie in either, its expert choices are the same and its logits agree to rounding
+    no_near_ties(WithMedia(m, images, codes), ids)
+    no_near_ties(WithMedia(m, images + 1.0, codes), ids)
     torch.testing.assert_close(other[:, :first_image], base[:, :first_image], rtol=0, atol=1e-5)  # causal
     assert (other[:, first_image:] - base[:, first_image:]).abs().amax() > 1e-6
 
@@ -71,6 +88,8 @@ def test_loss_falls_on_a_fixed_batch_and_the_image_is_used():
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
+    # a fixed batch: the kernels' rounding moves the fit by ~1e-6 (final ratio 0.0034, nll 0.058 under default and
+    # AVX512 kernels), two orders of magnitude inside both bounds
     assert losses[-1] < 0.5 * losses[0], losses
     with torch.no_grad():
         logits = m(ids, images, codes).logits

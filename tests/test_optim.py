@@ -155,6 +155,8 @@ def test_muown_descends_a_quadratic():
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    # a convex quadratic: the kernels' rounding moves the final ratio by ~1e-5 (0.0490 under default and AVX512
+    # kernels), half the bound
     assert losses[-1] < 0.1 * losses[0]
 
 

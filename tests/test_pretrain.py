@@ -64,6 +64,7 @@ def test_run_writes_a_loadable_model(tmp_path):
 
 
 @pytest.mark.slow  # ~2 s idle, over 5 s on a loaded machine
+@pytest.mark.outcome
 def test_exact_resume_after_an_interruption(tmp_path):
     full = run_pretrain(small(tmp_path / "full", optim={"warmup_steps": 2, "matrix_optimizer": "muown"}),
                         progress=False)
@@ -78,6 +79,7 @@ def test_exact_resume_after_an_interruption(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_exact_resume_after_sigkill(tmp_path):
     """Kill the training process for real (SIGKILL mid-run), resume in a new process, compare with a clean run."""
     code = ("import sys; from mimo_kit.pretrain import PretrainConfig, run_pretrain; "
@@ -180,6 +182,7 @@ def test_compare_reports_every_seed_and_its_spread():
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_switch_and_qat_report_per_seed_numbers():
     from mimo_kit.pretrain.studies import QATConfig, SwitchConfig, optimizer_switch, ptq_vs_qat
 

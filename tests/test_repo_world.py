@@ -148,6 +148,7 @@ def test_rollouts_end_at_the_models_context():
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
     """A miniature repo-world run end to end: SFT on expert traces, one RL step through the harnesses, held-out
     evaluation in all 7; the step's groups load with rl.load_jsonl and carry the harness's recorded errors."""

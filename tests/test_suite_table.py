@@ -54,6 +54,30 @@ def test_cli_writes_both_files_and_rejects_a_bad_wall(tmp_path, capsys):
     assert "expected TIER=SECONDS" in capsys.readouterr().err
 
 
+def test_kernel_runs_are_tabled_from_their_session_records(tmp_path, capsys):
+    """Each run on another kernel set is a row: the kernels torch had in force (from the run's own session record,
+    not from the command line), the tests chosen, its outcomes and wall time; a run without its record is refused."""
+    st = _table_module()
+    native, portable = tmp_path / "native.json", tmp_path / "default.json"
+    native.write_text(json.dumps(DURATIONS))
+    native.with_name("native.json.session.json").write_text(json.dumps(
+        {"kernels": "AVX512", "aten_cpu_capability": None, "markexpr": "", "wall_seconds": 754.0}))
+    second = {k: v for k, v in DURATIONS.items() if not v["markers"]}
+    portable.write_text(json.dumps(second))
+    portable.with_name("default.json.session.json").write_text(json.dumps(
+        {"kernels": "DEFAULT", "aten_cpu_capability": "default", "wall_seconds": 95.0,
+         "markexpr": "(not slow and not notebook and not distributed and not browser and not gpu) or outcome"}))
+    md, js = tmp_path / "R.md", tmp_path / "d_out.json"
+    assert st.main([str(native), "--kernel-run", str(portable), "--out", str(md), "--json-out", str(js)]) == 0
+    text = md.read_text()
+    assert "| AVX512 | (unset: native) | all | 3 | 1 | 0 | 12 min 34 s |" in text
+    assert "| DEFAULT | default | (fast) or outcome | 1 | 1 | 0 | 1 min 35 s |" in text
+    portable.with_name("default.json.session.json").unlink()
+    with pytest.raises(SystemExit):
+        st.main([str(native), "--kernel-run", str(portable), "--out", str(md), "--json-out", str(js)])
+    assert "default.json.session.json" in capsys.readouterr().err
+
+
 class _Item:
     """The parts of a pytest item that the ordering reads."""
 
