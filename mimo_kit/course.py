@@ -83,14 +83,36 @@ def execute_node(nb: nbformat.NotebookNode, cwd: Path, *, quick: bool, preset: s
     """Execute ``nb`` in place; on failure the cells run so far keep their outputs and the error propagates.
 
     ``threads`` caps the kernel's torch / OpenMP threads (``OMP_NUM_THREADS``), for kernels that share the cores."""
+    import atexit
     import tempfile
 
     from nbclient import NotebookClient
 
-    with tempfile.TemporaryDirectory(prefix="mimo-kit-kernel-") as sockets:
-        client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
-        client.km = kernel_manager(Path(sockets))
-        client.execute(env=kernel_env(quick=quick, preset=preset, threads=threads))
+    for attempt in range(1, KERNEL_START_TRIES + 1):
+        with tempfile.TemporaryDirectory(prefix="mimo-kit-kernel-") as sockets:
+            client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                                    resources={"metadata": {"path": str(cwd)}})
+            client.km = kernel_manager(Path(sockets))
+            before = nbformat.writes(nb)
+            try:
+                client.execute(env=kernel_env(quick=quick, preset=preset, threads=threads))
+                return
+            except RuntimeError as e:
+                atexit.unregister(client._cleanup_kernel)  # the failed client's kernel is already cleaned up
+                if not (died_starting(e) and nbformat.writes(nb) == before and attempt < KERNEL_START_TRIES):
+                    raise
+
+
+#: How often a chapter kernel is started before its failure to start is the chapter's error. A TCP kernel binds
+#: ports its manager picked free a moment before; another process (a second chapter's kernel, a Ray head) can take
+#: one in between, and the kernel then dies before it answers. Fresh ports on the next start avoid it.
+KERNEL_START_TRIES = 3
+
+
+def died_starting(error: Exception) -> bool:
+    """Whether ``error`` is jupyter_client's word for a kernel that died before it answered its first request
+    (``execute_node`` also checks that no cell of the notebook changed, so it may run again in a new kernel)."""
+    return "died before replying to kernel_info" in str(error)
 
 
 def kernel_manager(sockets: Path, kernel_name: str = "python3", manager_class=None):
@@ -99,11 +121,12 @@ def kernel_manager(sockets: Path, kernel_name: str = "python3", manager_class=No
     ≥ 8.10, ipykernel ≥ 7.4), else over Unix sockets under ``sockets`` (a folder private to the caller). A kernel
     started either way has no "running over TCP without encryption" warning to print.
 
-    ``manager_class``: a ``KernelManager`` subclass (a sandboxed one) to instantiate instead of the plain one."""
+    ``manager_class``: a kernel manager class to instantiate instead of nbclient's own, ``AsyncKernelManager``
+    (with the blocking ``KernelManager`` nbclient does not notice a kernel that dies in a cell and waits on it)."""
     import zmq
-    from jupyter_client import KernelManager
+    from jupyter_client import AsyncKernelManager
 
-    cls = manager_class or KernelManager
+    cls = manager_class or AsyncKernelManager
     km = cls(kernel_name=kernel_name)
     declared = (km.kernel_spec.metadata or {}).get("supported_encryption") or []
     declared = [declared] if isinstance(declared, str) else list(declared)

@@ -73,14 +73,14 @@ def test_chapter_kernels_talk_encrypted_or_over_unix_sockets(tmp_path, capfd, mo
     ipykernel writes to the stderr it shares with the course): CurveZMQ keys where libzmq has Curve and the
     kernelspec declares it, else Unix sockets in a private folder."""
     import zmq
-    from jupyter_client import KernelManager
+    from jupyter_client import AsyncKernelManager
 
     from mimo_kit.course import execute_node, kernel_manager
 
     if not curve:  # a libzmq built without libsodium
         has = zmq.has
         monkeypatch.setattr(zmq, "has", lambda feature: False if feature == "curve" else has(feature))
-    elif not zmq.has("curve") or "transport_encryption" not in KernelManager.class_trait_names():
+    elif not zmq.has("curve") or "transport_encryption" not in AsyncKernelManager.class_trait_names():
         pytest.skip("CurveZMQ needs libzmq with Curve and jupyter_client >= 8.10")
     km = kernel_manager(tmp_path)
     assert km.transport == ("tcp" if curve else "ipc")
@@ -89,6 +89,38 @@ def test_chapter_kernels_talk_encrypted_or_over_unix_sockets(tmp_path, capfd, mo
     execute_node(nb, tmp_path, quick=True, preset="tiny", timeout=60)
     assert nb.cells[0].outputs[0]["text"] == "42\n"
     assert "without encryption" not in capfd.readouterr().err
+
+
+@pytest.mark.slow  # three kernel starts
+def test_a_kernel_that_dies_starting_is_started_again_and_one_that_dies_in_a_cell_is_not(tmp_path, monkeypatch):
+    """A kernel that dies before it answers (its ports taken by another process in the moment between their choice
+    and its bind) leaves the notebook untouched, so the chapter runs in a fresh kernel; a kernel that dies while a
+    cell runs is that chapter's error, raised at once."""
+    import sys
+
+    from mimo_kit import course
+
+    managers = []
+
+    def first_start_dies(sockets, *args, **kwargs):
+        km = real(sockets, *args, **kwargs)
+        if not managers:
+            km.format_kernel_cmd = lambda extra_arguments=None: [sys.executable, "-c", "raise SystemExit(1)"]
+        managers.append(km)
+        return km
+
+    real = course.kernel_manager
+    monkeypatch.setattr(course, "kernel_manager", first_start_dies)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print(6 * 7)")])
+    course.execute_node(nb, tmp_path, quick=True, preset="tiny", timeout=60)
+    assert len(managers) == 2 and nb.cells[0].outputs[0]["text"] == "42\n"
+
+    managers.clear()
+    monkeypatch.setattr(course, "kernel_manager", lambda sockets: managers.append(real(sockets)) or managers[-1])
+    dies = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("import os; os._exit(1)")])
+    with pytest.raises(RuntimeError, match="(?i)kernel died"):
+        course.execute_node(dies, tmp_path, quick=True, preset="tiny", timeout=60)
+    assert len(managers) == 1
 
 
 def test_course_command_exit_code_reflects_failures(tmp_path, capsys):

@@ -245,6 +245,8 @@ def test_the_qwen_inventory_is_built_once_and_then_read_from_the_cache(tmp_path,
 
 
 # ---- FSDP2 on two CPU ranks, and the loss paths -----------------------------------------------------------------
+@pytest.mark.distributed  # two gloo ranks, ~7 s each; byte counts, not values, so no `outcome`
+@pytest.mark.slow
 @pytest.mark.parametrize("key, B, T", [("tiny", 2, 64), ("small3", 1, 200)])
 def test_fsdp_terms_match_two_sharded_ranks(key, B, T):
     """Per rank, on 2 gloo ranks sharded by the kit's shard_model: shards of weights, gradients and AdamW state,
