@@ -1,6 +1,6 @@
 """The RL loop synchronous and colocated against asynchronous steps on 1, 2 and 4 engines (Report §6), in one run.
 
-Every side is :func:`~mimo_kit.train.trainer.run_rl` on the repo world (multi-turn harness episodes, sandboxed
+Every side is :func:`~mimo_kit.train.run.run_rl` on the repo world (multi-turn harness episodes, sandboxed
 tools, hidden-test grading) from the same SFT policy (trained once, cached), for ``--steps`` steps, without
 evaluation:
 
@@ -39,7 +39,8 @@ import psutil
 
 from mimo_kit.infra.local_servers import local_servers
 from mimo_kit.nb import markdown_table
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 #: a machine with less than this share of its cores busy counts as quiet between runs (the idle servers' polling)
 SETTLED = 0.15

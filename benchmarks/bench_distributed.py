@@ -21,7 +21,8 @@ import torch
 
 from mimo_kit.launch import launch
 from mimo_kit.pretrain import PretrainConfig, run_pretrain
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 
 def rel(a: list[float], b: list[float]) -> float:

@@ -27,7 +27,9 @@ from mimo_kit.infra.rollout import play
 from mimo_kit.speculative.drafter import BlockDrafter, DrafterConfig
 from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
 from mimo_kit.speculative.train import drafter_loss, mtp_loss
-from mimo_kit.train.trainer import RLConfig, token_rows, warm_start
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.engines import token_rows
+from mimo_kit.train.run import warm_start
 
 BLOCK = 4  # the RL refresh's block size (DrafterRefreshConfig.block_size)
 #: (name, kind, block-drafter config overrides)

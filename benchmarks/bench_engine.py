@@ -28,7 +28,8 @@ from mimo_kit.infra.rollout import play
 from mimo_kit.infra.timeline import Timeline, recording
 from mimo_kit.model.fast_decode import StaticKVCache, block_logits, decode_step
 from mimo_kit.speculative.bench import call_ms
-from mimo_kit.train.trainer import RLConfig, warm_start
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import warm_start
 
 #: the variants: (name, engine keyword arguments); ``rows`` makes a ContinuousEngine (None: one row per episode)
 VARIANTS = (("turn-synchronous: every turn prefills its whole context", {}),
@@ -110,7 +111,7 @@ def train_drafters(policy, world, settings, tasks: int, group: int) -> tuple[dic
     rollouts of other tasks than the timed ones (``DrafterRefresher``, as an RL run refreshes them) → (drafters,
     final losses)."""
     from mimo_kit.speculative.refresh import DrafterRefreshConfig, DrafterRefresher
-    from mimo_kit.train.trainer import token_rows
+    from mimo_kit.train.engines import token_rows
 
     warm = play(InProcessEngine(policy, seed=11), [world.episodes(t, group) for t in
                                                     world.tasks(8 * tasks, seed=2, prefix="drafter")], settings)

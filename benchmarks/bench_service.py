@@ -30,8 +30,9 @@ from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.service import RolloutService
 from mimo_kit.nb import markdown_table
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import warm_start
 from mimo_kit.train.toy import pooled
-from mimo_kit.train.trainer import RLConfig, warm_start
 
 
 def side(name: str, engine, world, tasks, group: int, settings, pool=None) -> dict:

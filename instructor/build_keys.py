@@ -727,7 +727,7 @@ assert not exercise("ch03", 5).accepts([1.0, 1.0])  # the exact orthogonal facto
 ])
 
 CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP + '''
-from mimo_kit.train.trainer import RLConfig''', [
+from mimo_kit.train.config import RLConfig''', [
     Key(1, r"""
 How many times more rollouts does one report step hold than the toy world's step (`RLConfig.preset("toy")`:
 16 prompts × 8)? (integer)""", r"""

@@ -291,8 +291,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.rl_preset or args.rl_config:  # the RL policy's shape; the trainer sends its weights before rolling out
         from mimo_kit.config.base import ConfigError
+        from mimo_kit.train.config import RLConfig
         from mimo_kit.train.sft import build_policy
-        from mimo_kit.train.trainer import RLConfig
 
         try:
             rl = RLConfig.preset(args.rl_preset) if args.rl_preset else RLConfig.from_yaml(args.rl_config)

@@ -381,8 +381,9 @@ TOY_SFT_STEPS = 150
 @pytest.fixture(scope="session")
 def sft_file(tmp_path_factory):
     """``sft.pt`` of one toy-world SFT warm start (``TOY_SFT_STEPS`` steps), shared by the RL trainer tests."""
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.run import run_rl
     from mimo_kit.train.sft import SFTConfig
-    from mimo_kit.train.trainer import RLConfig, run_rl
 
     out = tmp_path_factory.mktemp("toy-sft")
     run_rl(RLConfig.preset("toy", out_dir=str(out), steps=0, eval_tasks=0, progress=False,

@@ -67,8 +67,9 @@ def test_any_source_edit_changes_every_address(cache_at, tmp_path, monkeypatch):
 def test_a_second_run_loads_the_warm_start_another_run_trained(cache_at, tmp_path, monkeypatch):
     """Two RL runs of one config in two folders: the second loads the first's SFT from the cache (no training)
     and starts from the same weights; a changed SFT config trains again."""
-    from mimo_kit.train import trainer
-    from mimo_kit.train.trainer import RLConfig, warm_start
+    from mimo_kit.train import run
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.run import warm_start
 
     cfg = RLConfig.preset("toy", sft={"steps": 3, "tasks": 40}, progress=False)
     world = cfg.make_world()
@@ -81,11 +82,11 @@ def test_a_second_run_loads_the_warm_start_another_run_trained(cache_at, tmp_pat
         raise AssertionError("the SFT warm start was trained again")
 
     with monkeypatch.context() as m:
-        m.setattr(trainer, "sft_warm_start", no_training)
+        m.setattr(run, "sft_warm_start", no_training)
         second, losses2 = warm_start(cfg, tmp_path / "b", world)
     assert losses2 == losses and (tmp_path / "b" / "sft.pt").is_file()
     assert all(torch.equal(v, second.state_dict()[k]) for k, v in first.state_dict().items())
     with pytest.raises(AssertionError, match="trained again"):
         with monkeypatch.context() as m:
-            m.setattr(trainer, "sft_warm_start", no_training)
+            m.setattr(run, "sft_warm_start", no_training)
             warm_start(cfg.override({"sft.steps": 4}), tmp_path / "c", world)

@@ -95,8 +95,8 @@ def test_a_named_run_folder_holds_the_checkpoints_unless_out_dir_was_set(tmp_pat
     """Two launches of one experiment never share runs/<experiment>/: --out moves an out_dir left at its default."""
     from mimo_kit.launch import in_run_folder, prepare
     from mimo_kit.pretrain import PretrainConfig
+    from mimo_kit.train.config import RLConfig
     from mimo_kit.train.experiments import CompareConfig
-    from mimo_kit.train.trainer import RLConfig
 
     for cfg in (PretrainConfig.preset("tiny"), RLConfig.preset("toy"), CompareConfig.preset("tiny")):
         assert in_run_folder(cfg, tmp_path / "a").out_dir == str(tmp_path / "a")

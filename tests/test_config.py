@@ -161,7 +161,7 @@ def test_nested_config_follows_parent_preset_only_when_supported():
 @pytest.mark.parametrize("text, value", [("1e-5", 1e-5), ("3E-4", 3e-4), (" 2.5 ", 2.5), ("1e3", 1000.0)])
 def test_a_float_knob_reads_exponent_strings(text, value):
     """YAML 1.1 reads ``1e-5`` (no dot) as a string; a float knob still takes it, from YAML and from key=value."""
-    from mimo_kit.train.trainer import RLConfig
+    from mimo_kit.train.config import RLConfig
 
     assert RLConfig.from_dict({"lr": text}).lr == value
     assert RLConfig().override([f"lr={text.strip()}"]).lr == value
@@ -169,7 +169,7 @@ def test_a_float_knob_reads_exponent_strings(text, value):
 
 @pytest.mark.parametrize("text", ["fast", "nan", "inf", ""])
 def test_a_float_knob_refuses_other_strings(text):
-    from mimo_kit.train.trainer import RLConfig
+    from mimo_kit.train.config import RLConfig
 
     with pytest.raises(ConfigError, match=r"lr: got .*expected a number"):
         RLConfig.from_dict({"lr": text})

@@ -139,8 +139,8 @@ class SlowTools:
 
 @pytest.fixture(scope="module")
 def repo():
+    from mimo_kit.train.config import RLConfig
     from mimo_kit.train.sft import build_policy
-    from mimo_kit.train.trainer import RLConfig
 
     cfg = RLConfig(world="repo")
     world = cfg.make_world()
@@ -198,7 +198,7 @@ def test_parking_lowers_peak_kv_during_tool_waits_with_identical_samples(repo):
                                    {"prefix_cache_mib": 8.0}])
 def test_rl_refuses_what_the_continuous_engine_cannot_run(clash):
     from mimo_kit.config.base import ConfigError
-    from mimo_kit.train.trainer import RLConfig
+    from mimo_kit.train.config import RLConfig
 
     with pytest.raises(ConfigError, match=f"continuous_rows=4 with {next(iter(clash))}"):
         RLConfig(continuous_rows=4, world="toy", **clash)

@@ -14,7 +14,7 @@ from mimo_kit.launch import prepare, sbatch_script, torchrun_command
 from mimo_kit.pretrain import PretrainConfig, run_pretrain
 from mimo_kit.pretrain.loop import Trainer
 from mimo_kit.speculative.train import DrafterTrainConfig
-from mimo_kit.train.trainer import RLConfig
+from mimo_kit.train.config import RLConfig
 
 
 def cfg(tmp_path, **kw) -> PretrainConfig:

@@ -19,8 +19,9 @@ from mimo_kit.harness.config import ScriptedPolicy, get_harness
 from mimo_kit.harness.episode import ChatTemplateTokenizer, PolicyEngine, harness_settings
 from mimo_kit.infra import rollout
 from mimo_kit.rl.trajectory import flatten
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 from mimo_kit.train.toy import repo
-from mimo_kit.train.trainer import RLConfig, run_rl
 
 
 @pytest.fixture(autouse=True)
@@ -129,7 +130,7 @@ def test_a_train_step_moves_a_student_toward_its_rewarded_rollouts(tmp_path, stu
     from mimo_kit.infra.engine import InProcessEngine
     from mimo_kit.rl.losses import EntropyClipController
     from mimo_kit.train.student import load_student
-    from mimo_kit.train.trainer import build_rl_optimizer, policy_logprobs, train_step
+    from mimo_kit.train.update import build_rl_optimizer, policy_logprobs, train_step
 
     torch.manual_seed(0)
     cfg = _cfg(tmp_path, student_dir, lr=3e-3, student={"lora": lora}, loss_agg="token-mean")

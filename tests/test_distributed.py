@@ -16,7 +16,8 @@ import torch
 
 from mimo_kit.launch import launch
 from mimo_kit.pretrain import PretrainConfig, latest_checkpoint, run_pretrain
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow,
               pytest.mark.outcome]  # every test here trains, in the processes it starts or in this one

@@ -157,9 +157,10 @@ def test_rl_run_decodes_speculatively_refreshes_its_drafter_and_resumes_exactly(
     trajectories; the drafter's state travels in the checkpoint, so a resumed run equals an uninterrupted one."""
     from test_rl_trainer import tiny
 
-    import mimo_kit.train.trainer as trainer
+    import mimo_kit.train.run as run
     from mimo_kit.config.base import ConfigError
-    from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.run import WALL_CLOCK, run_rl
 
     kw = dict(steps=4, checkpoint_every=2, speculative=True, drafter={"seq_len": 16, "steps": 2, "context_window": 8})
     ref = run_rl(tiny(tmp_path / "ref", sft_file, **kw))
@@ -167,16 +168,16 @@ def test_rl_run_decodes_speculatively_refreshes_its_drafter_and_resumes_exactly(
     assert [r["drafter_refreshes"] for r in rows] == [1, 2, 3, 4]
     assert all(r["spec_accepted_length"] >= 1 and 0 <= r["spec_acceptance"] <= 1 for r in rows)
     assert all(r["drafter_loss"] is not None and r["drafter_loss"] > 0 for r in rows)
-    real = trainer.save_sharded
+    real = run.save_sharded
 
     def stop_after_the_first_checkpoint(*args, **kwargs):  # the run dies right after step 2's checkpoint
         real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "save_sharded", stop_after_the_first_checkpoint)
+    monkeypatch.setattr(run, "save_sharded", stop_after_the_first_checkpoint)
     with pytest.raises(KeyboardInterrupt):
         run_rl(tiny(tmp_path / "split", sft_file, **kw))
-    monkeypatch.setattr(trainer, "save_sharded", real)
+    monkeypatch.setattr(run, "save_sharded", real)
     resumed = run_rl(tiny(tmp_path / "split", sft_file, **kw))
     strip = lambda hist: [{k: v for k, v in h.items() if k not in WALL_CLOCK} for h in hist]  # noqa: E731
     assert strip(resumed["history"]) == strip(rows)

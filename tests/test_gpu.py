@@ -136,7 +136,8 @@ def test_pretraining_on_cuda_in_bf16_keeps_fp32_master_weights(tmp_path):
 
 @pytest.mark.outcome
 def test_rl_step_on_cuda(tmp_path):
-    from mimo_kit.train.trainer import RLConfig, run_rl
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.run import run_rl
 
     needs_device_knobs(RLConfig)
     # 5 SFT steps leave every group failing, which dynamic sampling would drop: train on the groups as drawn

@@ -162,7 +162,7 @@ def test_a_model_acts_in_the_harness_through_the_rollout_driver(tmp_path):
     from mimo_kit.infra.rollout import play
     from mimo_kit.model import MiMoConfig, MiMoForCausalLM
     from mimo_kit.rl.trajectory import flatten
-    from mimo_kit.train.trainer import policy_logprobs
+    from mimo_kit.train.update import policy_logprobs
 
     torch.manual_seed(0)
     tok = ByteTokenizer()

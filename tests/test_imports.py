@@ -92,12 +92,16 @@ PURE_RL = ("advantages", "aggregation", "compose", "config", "losses", "opd", "p
            "sampling", "trajectory")
 
 
+#: the RL run's stage modules (the trainer)
+RUN = tuple(f"mimo_kit.train.{m}" for m in ("config", "collection", "update", "engines", "run"))
+
+
 def test_pure_rl_maths_imports_nothing_from_infra_envs_or_the_toy_world():
     g = graph()
     for name in ("mimo_kit.rl", *(f"mimo_kit.rl.{m}" for m in PURE_RL)):
         bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.infra", "mimo_kit.envs",
                                                                    "mimo_kit.harness", "mimo_kit.train.toy",
-                                                                   "mimo_kit.train.trainer", "mimo_kit.train.sft")))
+                                                                   *RUN, "mimo_kit.train.sft")))
         assert not bad, (name, bad)
 
 
@@ -106,6 +110,6 @@ def test_infra_imports_nothing_from_the_toy_world_or_the_trainer():
     infra = [m for m in g if m.startswith("mimo_kit.infra")]
     assert "mimo_kit.infra.rollout" in infra
     for name in infra:
-        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.train.toy", "mimo_kit.train.trainer",
+        bad = sorted(m for m in closure(g, name) if m.startswith(("mimo_kit.train.toy", *RUN,
                                                                    "mimo_kit.train.experiments")))
         assert not bad, (name, bad)

@@ -4,7 +4,9 @@
 - no cycle between packages, and none between modules;
 - an import goes to the same layer or a lower one, never up;
 - ``mimo_kit.rl`` (the maths) imports nothing of the kit outside ``rl`` and ``config``;
-- every package and top-level module has a layer (a new one must be placed).
+- every package and top-level module has a layer (a new one must be placed);
+- the RL run stays in rooms a reader can hold: no file of ``mimo_kit/train`` over :data:`TRAIN_MAX_LINES` lines, and
+  ``run_rl`` (the run in run order) within :data:`RUN_RL_MAX_LINES`.
 """
 
 from __future__ import annotations
@@ -161,9 +163,27 @@ def test_the_rl_maths_imports_only_itself_and_config():
     assert outside == []
 
 
+#: a stage of the RL run is one report section; past this it holds two (``docs/design.md``, "Layers")
+TRAIN_MAX_LINES = 600
+#: ``run_rl`` reads on one screen: every optional mode enters through one named call
+RUN_RL_MAX_LINES = 80
+
+
+def test_no_file_of_the_rl_run_outgrows_one_stage():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "train").rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > TRAIN_MAX_LINES}
+    assert long == {}
+
+
+def test_run_rl_reads_on_one_screen():
+    tree = ast.parse((ROOT / "train" / "run.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_rl")
+    assert fn.end_lineno - fn.lineno + 1 <= RUN_RL_MAX_LINES
+
+
 @pytest.mark.parametrize("source, expected", [
     ("import mimo_kit.rl.advantages\n", {"mimo_kit.rl.advantages"}),
-    ("def f():\n    from mimo_kit.train import trainer\n", {"mimo_kit.train", "mimo_kit.train.trainer"}),
+    ("def f():\n    from mimo_kit.train import update\n", {"mimo_kit.train", "mimo_kit.train.update"}),
     ("if TYPE_CHECKING:\n    from mimo_kit.model.config import MiMoConfig\n", {"mimo_kit.model.config"}),
     ("import importlib\nimportlib.import_module('mimo_kit.infra.pool')\n", {"mimo_kit.infra.pool"}),
     ("from . import losses\n", {"mimo_kit.rl", "mimo_kit.rl.losses"}),

@@ -6,8 +6,9 @@ import pytest
 from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import WALL_CLOCK, run_rl
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -45,9 +46,9 @@ def test_rl_with_the_mixer_draws_per_source_and_records_counts(tmp_path, sft_fil
 
 def interrupted(cfg, monkeypatch, after: int):
     """Run ``cfg`` until ``after`` training steps are done, then fail the next one (a crash between checkpoints)."""
-    import mimo_kit.train.trainer as trainer
+    import mimo_kit.train.run as run
 
-    real, calls = trainer.train_step, []
+    real, calls = run.train_step, []
 
     def crash(*a, **kw):
         calls.append(1)
@@ -56,7 +57,7 @@ def interrupted(cfg, monkeypatch, after: int):
         return real(*a, **kw)
 
     with monkeypatch.context() as m:
-        m.setattr(trainer, "train_step", crash)
+        m.setattr(run, "train_step", crash)
         with pytest.raises(KeyboardInterrupt):
             run_rl(cfg)
 

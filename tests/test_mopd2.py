@@ -37,9 +37,9 @@ from mimo_kit.train.mopd import (
     task_domain,
     train_mopd,
 )
+from mimo_kit.train.run import torch_threads
 from mimo_kit.train.sft import SFTConfig
 from mimo_kit.train.toy.world import TOKENIZER, make_tasks
-from mimo_kit.train.trainer import torch_threads
 
 gkd = pytest.importorskip("trl.experimental.gkd.gkd_trainer")
 GKDTrainer = gkd.GKDTrainer

@@ -128,8 +128,8 @@ def test_suffix_prefill_cuts_repo_world_prefill_with_identical_samples(no_near_t
     """Multi-turn repo-world episodes (sandboxed tools) through the rollout driver: ≥ 3× fewer prefilled tokens,
     the same sampled tokens."""
     from mimo_kit.infra.rollout import play
+    from mimo_kit.train.config import RLConfig
     from mimo_kit.train.sft import build_policy
-    from mimo_kit.train.trainer import RLConfig
 
     cfg = RLConfig(world="repo")
     world = cfg.make_world()

@@ -103,7 +103,7 @@ def test_config_rejects_unknown_families_and_harnesses_that_cannot_edit():
     with pytest.raises(ConfigError, match="nope"):
         repo.RepoWorldConfig(eval_harnesses=("nope",)).check()
     assert "fenced-editor" in HARNESSES and HARNESSES["fenced-editor"].split == "train"
-    from mimo_kit.train.trainer import RLConfig
+    from mimo_kit.train.config import RLConfig
 
     with pytest.raises(ConfigError, match="staleness"):
         RLConfig(staleness=2)  # live sandboxed workspaces cannot be checkpointed
@@ -152,7 +152,8 @@ def test_rollouts_end_at_the_models_context():
 def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
     """A miniature repo-world run end to end: SFT on expert traces, one RL step through the harnesses, held-out
     evaluation in all 7; the step's groups load with rl.load_jsonl and carry the harness's recorded errors."""
-    from mimo_kit.train.trainer import RLConfig, run_rl
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.run import run_rl
 
     cfg = RLConfig().override({"out_dir": str(tmp_path), "steps": 1, "prompts": 2, "group_size": 2,
                                "sft.steps": 4, "repo.sft_traces": 8, "eval_tasks": 1, "eval_samples": 1,

@@ -5,8 +5,9 @@ from conftest import RAY_GROUP, TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.rl.trajectory import load_jsonl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import WALL_CLOCK, run_rl
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
 CLOCK = WALL_CLOCK  # per step: the wall-clock fields
 EPISODE_CLOCK = ("wall_s",)  # per episode

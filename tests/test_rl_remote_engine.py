@@ -10,7 +10,8 @@ import pytest
 from mimo_kit.config.base import ConfigError
 from mimo_kit.infra.local_servers import local_servers
 from mimo_kit.infra.sglang import SGLangEngine
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 pytestmark = pytest.mark.slow
 

@@ -13,9 +13,9 @@ from mimo_kit.config.base import ConfigError
 from mimo_kit.infra import rollout
 from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.service import NoEngineLeft, RolloutService
+from mimo_kit.train.config import RLConfig
 from mimo_kit.train.sft import PolicyConfig, build_policy
 from mimo_kit.train.toy.world import ToyWorld
-from mimo_kit.train.trainer import RLConfig
 
 WORLD = ToyWorld(max_turns=3)
 SETTINGS = WORLD.rollout_settings(1.0, 1.0, False, False)

@@ -14,8 +14,9 @@ import torch
 from conftest import TOY_SFT_STEPS, with_sft
 
 from mimo_kit.config.base import ConfigError
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import WALL_CLOCK, run_rl
 from mimo_kit.train.sft import SFTConfig
-from mimo_kit.train.trainer import WALL_CLOCK, RLConfig, run_rl
 
 SFT = SFTConfig(steps=TOY_SFT_STEPS)
 
@@ -43,7 +44,7 @@ def test_a_clip_controller_that_cannot_act_is_refused():
 
 
 def test_the_report_preset_is_the_report_recipe_on_the_toy_world():
-    from mimo_kit.train.trainer import REPORT_RECIPE, TOY_WORLD
+    from mimo_kit.train.config import REPORT_RECIPE, TOY_WORLD
 
     cfg = RLConfig.preset("report")
     flat = cfg.to_dict()
@@ -92,8 +93,8 @@ def test_grs_length_and_segment_penalties_run(tmp_path, sft_file):
 
 def test_toy_rubric_and_rewards():
     from mimo_kit.infra.rollout import Rollout, grade, group_sample
+    from mimo_kit.train.collection import group_advantages
     from mimo_kit.train.toy.world import ToyEpisode, make_tasks
-    from mimo_kit.train.trainer import group_advantages
 
     t = make_tasks(1, 5)[0]
     fix = f"E{t.bug_line}{t.reference[t.bug_line - 1]}"
@@ -116,8 +117,8 @@ def test_routed_advantages_send_high_pass_rate_groups_to_grs_and_the_rest_to_gar
     """Report §4.3: GRS for high-pass-rate tasks, GAR for the rest. A routed group's rewards and advantages are
     exactly those of the grader it is routed to, and the cut decides which."""
     from mimo_kit.infra.rollout import Rollout, grade, group_sample
+    from mimo_kit.train.collection import group_advantages
     from mimo_kit.train.toy.world import ToyEpisode, make_tasks
-    from mimo_kit.train.trainer import group_advantages
 
     def group(task, plays):
         fix = f"E{task.bug_line}{task.reference[task.bug_line - 1]}"
@@ -292,8 +293,8 @@ def test_exact_resume_after_sigkill(tmp_path, sft_file, staleness, engines, asyn
                       async_steps=async_steps, continuous_rows=rows))
     run_dir = tmp_path / "killed"
     tiny(run_dir, sft_file)  # lays the shared SFT policy into the folder
-    code = ("from mimo_kit.train.trainer import RLConfig, run_rl; from mimo_kit.train.sft import SFTConfig; "
-            "import sys; "
+    code = ("from mimo_kit.train.config import RLConfig; from mimo_kit.train.run import run_rl; "
+            "from mimo_kit.train.sft import SFTConfig; import sys; "
             f"run_rl(RLConfig.preset('toy', out_dir={str(run_dir)!r}, steps=6, prompts=4, group_size=4, eval_tasks=8, "
             f"eval_samples=1, progress=False, checkpoint_every=2, staleness={staleness}, in_flight=8, "
             f"engines={engines}, async_steps={async_steps}, continuous_rows={rows}, "
@@ -397,7 +398,7 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
 
     from mimo_kit.rl.losses import EntropyClipController
     from mimo_kit.rl.trajectory import Context, Segment, flatten
-    from mimo_kit.train import trainer
+    from mimo_kit.train import collection, update
 
     model, samples = _played(sft_file)
     cfg = RLConfig.preset("toy", dynamic_sampling=False)
@@ -413,17 +414,17 @@ def test_a_sample_with_two_contexts_trains_with_the_advantage_on_every_row(sft_f
                 split += 1
     assert split
     seen = {}
-    real = trainer.ppo_update
+    real = update.ppo_update
 
     def spy(model, opt, cfg, controller, x, **kw):
         seen.update(adv=x.adv.clone(), mask=x.mask.clone())
         return real(model, opt, cfg, controller, x, **kw)
 
-    monkeypatch.setattr(trainer, "ppo_update", spy)
+    monkeypatch.setattr(update, "ppo_update", spy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     world = cfg.make_world()
-    rewards, advs, logs = trainer.group_advantages(samples, cfg, world)
-    out = trainer.train_step(model, opt, samples, cfg, EntropyClipController.from_config(cfg.clip), world)
+    rewards, advs, logs = collection.group_advantages(samples, cfg, world)
+    out = update.train_step(model, opt, samples, cfg, EntropyClipController.from_config(cfg.clip), world)
     batch, adv = flatten(samples, pad_id=world.pad_id), seen["adv"]  # the rows train_step trains (all kept)
     assert seen["mask"].shape == (batch.shape[0], batch.shape[1] - 1) and adv.shape == (batch.shape[0],)
     n_seq = sum(len(smp.sequences) for smp in samples)
@@ -446,7 +447,7 @@ def test_each_rank_fetches_only_its_rows_and_builds_the_rows_of_the_whole_batch(
     from mimo_kit.rl.aggregation import token_weights
     from mimo_kit.rl.compose import token_advantages
     from mimo_kit.rl.trajectory import Context, Segment, flatten
-    from mimo_kit.train import trainer
+    from mimo_kit.train import update
 
     _, samples = _played(sft_file, n_tasks=3, group=3)
     q = samples[1].sequences[2]  # two contexts: the second replays the prompt
@@ -478,8 +479,8 @@ def test_each_rank_fetches_only_its_rows_and_builds_the_rows_of_the_whole_batch(
             porter = Porter(Counting())
             manifests = porter.ship(samples)
             d = Dist(rank=rank, world_size=world_size)
-            mb = trainer.make_minibatch(manifests, advs, cfg, world, d, porter)
-            rows, live = trainer.rank_rows(n_rows, d)
+            mb = update.make_minibatch(manifests, advs, cfg, world, d, porter)
+            rows, live = update.rank_rows(n_rows, d)
             width = mb.batch.input_ids.shape[1]
             torch.testing.assert_close(mb.batch.input_ids, full.input_ids[rows, :width])
             assert not full.attention_mask[rows, width:].any()  # only padding was left out
@@ -494,7 +495,7 @@ def test_each_rank_fetches_only_its_rows_and_builds_the_rows_of_the_whole_batch(
 
 
 def test_infrastructure_errors_drop_the_sequence_and_model_errors_are_shaped(sft_file):
-    from mimo_kit.train.trainer import penalty_module
+    from mimo_kit.train.collection import penalty_module
 
     _, samples = _played(sft_file, n_tasks=2)
     victim = samples[0].sequences[1]
@@ -527,7 +528,7 @@ def test_dynamic_sampling_refills_the_batch_with_groups_that_carry_signal(tmp_pa
 
 def test_topp_replay_renormalises_over_the_recorded_set(sft_file):
     from mimo_kit.rl.trajectory import flatten
-    from mimo_kit.train.trainer import policy_logprobs
+    from mimo_kit.train.update import policy_logprobs
 
     model, samples = _played(sft_file, n_tasks=2, top_p=0.7, return_candidates=True)
     batch = flatten(samples)
@@ -570,7 +571,7 @@ def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
     import copy
 
     from mimo_kit.rl.losses import EntropyClipController
-    from mimo_kit.train import trainer
+    from mimo_kit.train import update
 
     model, samples = _played(sft_file, n_tasks=8)
     for s in samples:  # every group mixed, so every group trains
@@ -581,11 +582,11 @@ def test_minibatches_move_the_policy_between_updates_so_the_clip_acts(sft_file):
     def step(k: int, epochs: int = 1, lr: float = 3e-2, eps_high: float | None = None, **kw) -> dict:
         cfg = RLConfig.preset("toy", minibatches=k, epochs=epochs, lr=lr, **kw)
         m = copy.deepcopy(model)
-        opt = trainer.build_rl_optimizer(m, cfg)
+        opt = update.build_rl_optimizer(m, cfg)
         controller = EntropyClipController.from_config(cfg.clip)
         if eps_high is not None:  # the controller's ε_high in force this step
             controller.eps_high = eps_high
-        return trainer.train_step(m, opt, samples, cfg, controller, world)
+        return update.train_step(m, opt, samples, cfg, controller, world)
 
     one, four, still = step(1), step(4), step(4, lr=0.0)
     assert one["updates"] == 1 and four["updates"] == 4 and step(2, epochs=2)["updates"] == 4
@@ -616,7 +617,7 @@ def test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves():
     ``clip_high_fixed`` those it would hold at the configured one (0.28), on the same tokens. A narrow ε_high (0.01)
     also clips the tokens with A > 0 whose ratio lies in (1.01, 1.28]; a wide one (0.5) clips fewer. A clipped token is
     exactly one that gets no gradient: the upper clip acts on A > 0 only, the lower (r < 0.8) on A < 0 only."""
-    from mimo_kit.train import trainer
+    from mimo_kit.train import update
 
     cfg = RLConfig.preset("toy", minibatches=4, entropy_adaptive=True)
     assert (cfg.clip.eps_low, cfg.clip.eps_high) == (0.2, 0.28)
@@ -631,16 +632,16 @@ def test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves():
     n = int(mask.sum())  # 13 trained tokens
     rollout_lp = torch.full((2, 8), -1.5)
 
-    def update(eps_high: float) -> tuple[dict, torch.Tensor]:
+    def step(eps_high: float) -> tuple[dict, torch.Tensor]:
         logp = torch.nn.Parameter(rollout_lp + ratios.log())  # the learner's logprobs, a leaf the loss reaches
-        x = trainer.LossInputs(adv=adv, mask=mask, rollout_lp=rollout_lp, weights=mask.float() / n, logp=logp,
+        x = update.LossInputs(adv=adv, mask=mask, rollout_lp=rollout_lp, weights=mask.float() / n, logp=logp,
                                logits=torch.zeros(2, 8, 5))
-        out = trainer.ppo_update(torch.nn.ParameterList([logp]), torch.optim.SGD([logp], lr=0.0), cfg, eps_high, x)
+        out = update.ppo_update(torch.nn.ParameterList([logp]), torch.optim.SGD([logp], lr=0.0), cfg, eps_high, x)
         return out, logp.grad
 
     # shares are counts over 13 tokens divided in float32: within 1e-7 of the fraction
     share = lambda k: pytest.approx(k / n, rel=1e-6)  # noqa: E731
-    narrow, grad = update(0.01)
+    narrow, grad = step(0.01)
     assert narrow["tokens"] == n and narrow["ratio_max"] == pytest.approx(2.0, rel=1e-6)
     # r > 1.01 with A > 0: 1.05, 1.2, 1.4, 2.0; r > 1.28: 1.4, 2.0 (1.6 is not trained)
     assert narrow["clip_high"] == share(4) and narrow["clip_high_fixed"] == share(2)
@@ -648,9 +649,9 @@ def test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves():
     assert narrow["clip_low"] == share(1)  # 0.5 with A < 0; 0.7 has A > 0
     clipped = mask & (((ratios > 1.01) & (adv[:, None] > 0)) | ((ratios < 0.8) & (adv[:, None] < 0)))
     assert torch.equal(grad != 0, mask & ~clipped)
-    configured, grad = update(0.28)
+    configured, grad = step(0.28)
     assert configured["clip_high"] == configured["clip_high_fixed"] == share(2)
     clipped = mask & (((ratios > 1.28) & (adv[:, None] > 0)) | ((ratios < 0.8) & (adv[:, None] < 0)))
     assert torch.equal(grad != 0, mask & ~clipped)
-    wide, _ = update(0.5)
+    wide, _ = step(0.5)
     assert wide["clip_high"] == share(1) and wide["clip_high_fixed"] == share(2)  # r > 1.5: 2.0 alone

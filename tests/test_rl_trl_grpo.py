@@ -3,7 +3,8 @@
 One fixed, seeded batch (prompts and completions as token ids, rewards, groups of ``G``, error masks, lengths, GAR
 verdicts) goes two ways:
 
-(a) the kit trainer's composition, as ``mimo_kit/train/trainer.py::group_advantages / train_step / ppo_update`` do it:
+(a) the kit trainer's composition, as ``mimo_kit/train/collection.py::group_advantages`` and
+    ``mimo_kit/train/update.py::train_step / ppo_update`` do it:
     ``sequence_advantages`` per group → every row its sequence's advantage → ``token_advantages`` (segment penalty)
     on the full prompt+completion rows, shifted by one → ``policy_logprobs`` → ``ppo_clip_loss`` →
     ``aggregate_loss`` with ``token_weights`` of the whole batch;
@@ -36,8 +37,8 @@ from mimo_kit.rl import (  # noqa: E402
     token_advantages,
     token_weights,
 )
-from mimo_kit.train.trainer import policy_logprobs  # noqa: E402
 from mimo_kit.train.trl_grpo import KitGRPOConfig, KitGRPOTrainer, loss_scale  # noqa: E402
+from mimo_kit.train.update import policy_logprobs  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -98,7 +99,7 @@ def _kit_reference(b: dict, kit: KitGRPOConfig, model) -> tuple[torch.Tensor, to
     n = GROUPS * G
     m = kit.math
     seq = []
-    for k in range(GROUPS):  # trainer.group_advantages
+    for k in range(GROUPS):  # collection.group_advantages
         sl = slice(k * G, (k + 1) * G)
         res = sequence_advantages(
             b["passed"][sl].tolist(), rewards=b["rewards"][sl].tolist(),
@@ -107,7 +108,7 @@ def _kit_reference(b: dict, kit: KitGRPOConfig, model) -> tuple[torch.Tensor, to
             ids=b["ids"][sl], math=m)
         seq.extend(res.advantages.tolist())
     seq_adv = torch.tensor(seq)
-    # trainer.train_step on the flattened rows: prompt + completion, right padded
+    # update.train_step on the flattened rows: prompt + completion, right padded
     T = P + C
     input_ids = torch.full((n, T), PAD, dtype=torch.long)
     loss_mask = torch.zeros(n, T, dtype=torch.bool)

@@ -123,10 +123,11 @@ def test_play_records_tokens_and_grader_prefers_minimal_passes():
 
 
 def test_the_trainer_composes_advantages_in_the_one_stated_order():
-    """trainer.group_advantages with GAR and the length penalty on a played group equals
+    """collection.group_advantages with GAR and the length penalty on a played group equals
     compose.sequence_advantages called by hand on the same outcomes, lengths and verdict."""
     from mimo_kit.rl.compose import sequence_advantages
-    from mimo_kit.train.trainer import RLConfig, group_advantages
+    from mimo_kit.train.collection import group_advantages
+    from mimo_kit.train.config import RLConfig
 
     t = make_tasks(1, 5)[0]
     rng = random.Random(1)

@@ -8,7 +8,7 @@ each domain's score for the base model, the SFT model and the SFT + RL model (it
 2. **SFT**: ``distill-sft`` on the shipped traces (:mod:`mimo_kit.distill.sft`: TRL ``SFTTrainer``, assistant-only
    loss), one checkpoint every RL run starts from (by default on the code traces only: the one domain with an RL
    world, which a 64-wide student learns better alone);
-3. **SFT + RL**: the kit trainer (:func:`mimo_kit.train.trainer.run_rl`) on that checkpoint (``student.model``, full
+3. **SFT + RL**: the kit trainer (:func:`mimo_kit.train.run.run_rl`) on that checkpoint (``student.model``, full
    or LoRA), acting through the harness in the student's own chat template, one run per seed and domain.
 
 Scores are held-out pass@1: tasks from a seed disjoint from RL's task stream, played in the domain's training
@@ -27,7 +27,8 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.distill.sft import DistillSFTConfig, run_distill_sft, tiny_qwen35
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 #: domains with an RL world the student acts in (the repo world is the code domain's)
 RL_DOMAINS = ("code",)

@@ -12,7 +12,7 @@ The rollout side keeps more groups in flight than one batch needs and advances t
 - **expire**: a group whose oldest token is more than S versions behind the engine is dropped and restarted
   (its tokens are too off-policy for the clipped ratio to be trusted).
 
-``staleness=0`` in :class:`~mimo_kit.train.trainer.RLConfig` is the synchronous baseline (every batch starts fresh and
+``staleness=0`` in :class:`~mimo_kit.train.config.RLConfig` is the synchronous baseline (every batch starts fresh and
 waits for its slowest episode); ``S > 0`` runs this buffer. Training uses the rollout logprobs as π_old, so the
 PPO ratio carries the staleness (``mismatch_abs_dlogp`` in the metrics measures it).
 """

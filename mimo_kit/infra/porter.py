@@ -14,7 +14,7 @@ through the driver makes the driver's memory grow with payload size × rollouts 
 
 ``LocalStore`` is the same API in one process (a dict; tests and notebooks); ``DistStore`` keeps them in
 torch.distributed's rendezvous store, where every rank of a torchrun learner reads the payloads of its own rows
-(:func:`mimo_kit.train.trainer.make_minibatch`). :class:`RolloutWorker` is a Ray actor that runs the rollout driver
+(:func:`mimo_kit.train.update.make_minibatch`). :class:`RolloutWorker` is a Ray actor that runs the rollout driver
 and ships its samples through the porter, returning manifests only.
 """
 

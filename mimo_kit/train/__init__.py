@@ -5,7 +5,11 @@ rollout machinery of :mod:`mimo_kit.infra`.
 
 | file | idea |
 |---|---|
-| ``trainer`` | the RL loop: collect → grade → advantages → loss → update (``RLConfig``, ``run_rl``) |
+| ``config`` | ``RLConfig``: every switch of the RL recipe, and its presets (Report §5) |
+| ``collection`` | a step's batch: rollouts, advantages, GRS/GAR routing, dynamic sampling, the Mixer (§4.1, §4.3, §6) |
+| ``update`` | mini-batches, the learner's forward, the PPO-clip loss and step (§5, §6.1) |
+| ``engines`` | the rollout engines: building them, weight sync, the harness pool, speculative rollouts (§6) |
+| ``run`` | ``run_rl``: SFT warm start, resume, the step loop, evaluation, metrics |
 | ``sft`` | the tiny policy and its SFT warm start on the scripted expert |
 | ``student`` | a transformers student as the trainer's policy, optional LoRA |
 | ``toy`` | the worlds: the toy world (``toy.world``), the repo world (``toy.repo``), pool tenants (``toy.pooled``) |
@@ -17,5 +21,5 @@ rollout machinery of :mod:`mimo_kit.infra`.
 | ``trl_grpo`` | ``KitGRPOTrainer``: TRL's GRPOTrainer with the kit's advantages (imports TRL) |
 | ``experiments`` | ``rl``, chapter 5a's four ``rl-*`` ablations over seeds, ``rl-multi-harness``, ``consistency`` |
 
-Nothing is imported here: each module is imported where it is used (the trainer imports torch, ``trl_grpo`` TRL).
+Nothing is imported here: each module is imported where it is used (the run imports torch, ``trl_grpo`` TRL).
 """

@@ -56,7 +56,7 @@ class ConsistencyConfig(Config):
 def _scores(model, batch, temperature: float, qdq: bool, r3: bool, topp: bool) -> torch.Tensor:
     """log π_train [rows, T−1] of the stored tokens under one combination of the three switches."""
     from mimo_kit.optim.mxfp4 import qat_experts
-    from mimo_kit.train.trainer import policy_logprobs, replay_indices
+    from mimo_kit.train.update import policy_logprobs, replay_indices
 
     with torch.no_grad(), (qat_experts(model) if qdq else contextlib.nullcontext()):
         routing = replay_indices(model, batch) if r3 else None

@@ -50,10 +50,11 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.results import DATA_DIR
 from mimo_kit.spread import mean_sd, spread
+from mimo_kit.train.config import REPORT_RECIPE, TOY_WORLD, RLConfig
 from mimo_kit.train.consistency import ConsistencyConfig, measure_consistency
 from mimo_kit.train.multi_harness import SeedsConfig, run_seeds
+from mimo_kit.train.run import run_rl, torch_threads
 from mimo_kit.train.toy.world import expert_dataset, make_tasks
-from mimo_kit.train.trainer import REPORT_RECIPE, TOY_WORLD, RLConfig, run_rl, torch_threads
 
 #: The committed full-run results chapter 5a plots (written only by ``mimo-kit results``).
 RESULTS_DIR = DATA_DIR / "rl"
@@ -451,7 +452,7 @@ def partial_rollout(cfg: CompareConfig) -> dict:
 
 @experiment("rl-report-recipe", CompareConfig, chapter="ch05a", publishes=_published("report_recipe"))
 def report_recipe(cfg: CompareConfig) -> dict:
-    """Report §5's recipe (:data:`~mimo_kit.train.trainer.REPORT_RECIPE` over ``cfg.base``) with the entropy-
+    """Report §5's recipe (:data:`~mimo_kit.train.config.REPORT_RECIPE` over ``cfg.base``) with the entropy-
     adjusted clip against the same recipe with a fixed ε_high: clip fractions, ratios and ε_high per step."""
     cfg = dataclasses.replace(cfg, base=cfg.base.override(REPORT_RECIPE))
     arms = {"entropy-adjusted": {"entropy_adaptive": True}, "fixed-eps": {"entropy_adaptive": False}}

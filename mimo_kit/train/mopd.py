@@ -16,14 +16,14 @@ domain-specific skill real: an episode's edit action must name the bug line (``E
 the expected line from a tool output at a different position, and a teacher trained on one domain only sees (and
 is sharpened on) that domain's actions: in the published tiny run (data/rl/mopd2_tiny.md) teacher ``sft``, trained
 on the open domain only, scores ~1.0 there and ~0.43 on the verifiable domain. It is also the kit's per-source split
-of the toy world (:func:`mimo_kit.train.trainer.task_source`: ``line1``..``line3``), so RL on one domain is the
+of the toy world (:func:`mimo_kit.train.collection.task_source`: ``line1``..``line3``), so RL on one domain is the
 trainer's Mixer with ``sources=("line1",)``. Each domain has its own held-out task set (the held-out seed, split by
 line).
 
 **Teachers** (Report §5: the mixed-RL teacher for verifiable domains, SFT teachers for open-ended ones):
 
 - teacher ``rl`` (domain ``verifiable``): the student's SFT policy, RL-trained by the kit's trainer
-  (:func:`mimo_kit.train.trainer.run_rl`) on that domain's tasks only;
+  (:func:`mimo_kit.train.run.run_rl`) on that domain's tasks only;
 - teacher ``sft`` (domain ``open``): the student's SFT policy trained further on clean expert traces of that
   domain only (:func:`mimo_kit.train.sft.sft_warm_start`).
 
@@ -63,9 +63,11 @@ from mimo_kit.infra.rollout import Outcome, Turn
 from mimo_kit.rl.aggregation import MODES, aggregate_loss
 from mimo_kit.rl.opd import opd_loss, prefix_conditioned_context, reverse_kl_exact, route_teachers
 from mimo_kit.rl.trajectory import Sample, Segment, flatten
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl, torch_threads
 from mimo_kit.train.sft import PolicyConfig, SFTConfig, sft_warm_start
 from mimo_kit.train.toy.world import TOKENIZER, Task, ToyWorld, expert_dataset, make_tasks, rollout_settings
-from mimo_kit.train.trainer import RLConfig, policy_logprobs, run_rl, torch_threads
+from mimo_kit.train.update import policy_logprobs
 
 #: Domain → teacher name (Report §5: verifiable domains distil from the RL teacher, open-ended ones from SFT).
 ROUTES: dict[str, str] = {"verifiable": "rl", "open": "sft"}

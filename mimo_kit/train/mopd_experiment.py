@@ -42,7 +42,7 @@ from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.experiments import Publication, experiment
 from mimo_kit.spread import mean_sd, spread
 from mimo_kit.train.mopd import ROUTES, MOPDConfig, evaluate_domains, prepare, train_mopd
-from mimo_kit.train.trainer import run_rl, torch_threads
+from mimo_kit.train.run import run_rl, torch_threads
 
 DOMAINS = ("verifiable", "open")
 ARMS = ("sft-only", "mixed-rl", "mopd-standard", "mopd-prefix")

@@ -15,7 +15,8 @@ from typing import Any
 
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.spread import mean_sd, spread
-from mimo_kit.train.trainer import RLConfig, run_rl
+from mimo_kit.train.config import RLConfig
+from mimo_kit.train.run import run_rl
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """RL on a transformers student: the distilled model, optionally with LoRA, as the kit trainer's policy (Report §7).
 
 Report §7 distils MiMo traces into Qwen3.5-9B with SFT, then runs RL on the distilled model per domain (its Table 6:
-base, SFT, SFT + RL). The kit's trainer (:mod:`mimo_kit.train.trainer`) does the RL step on any causal LM whose
+base, SFT, SFT + RL). The kit's trainer (:mod:`mimo_kit.train.run`) does the RL step on any causal LM whose
 forward returns ``logits``; this module supplies the student side:
 
 - :class:`StudentConfig`: the folder of a transformers causal LM (``distill-sft``'s ``model/``: weights,
