@@ -235,6 +235,7 @@ def route(passed: list[bool], cfg: RLConfig) -> str:
     return "grs" if sum(passed) >= cfg.grs_pass_rate * len(passed) else "gar"
 
 
+# ---- where groups come from, and when ----------------------------------------------------------------------------
 class TaskStream:
     """Where a step's groups come from (rank 0 plays them): tasks drawn from the run's pool with a checkpointed RNG,
     played by the engine — uniformly with dynamic sampling (:func:`collect`; through the partial-rollout buffer when

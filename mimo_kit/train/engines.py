@@ -31,6 +31,7 @@ from mimo_kit.train.sft import build_policy
 from mimo_kit.train.toy import pooled
 
 
+# ---- engines and weight sync -------------------------------------------------------------------------------------
 def sync_weights(engine: InProcessEngine | None, model, version: int, cfg: RLConfig) -> None:
     """The learner's weights to the engine (:func:`push_weights`).
 
@@ -97,6 +98,7 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
                            prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
 
 
+# ---- the harness pool -------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def harness_pool(cfg: RLConfig, world: Any, d: Dist):
     """Rank 0's harness pool for the run (``cfg.pool``; None without one, and on the other ranks). A Ray pool joins
@@ -123,6 +125,7 @@ def harness_pool(cfg: RLConfig, world: Any, d: Dist):
             stop_local_head()
 
 
+# ---- speculative rollouts ---------------------------------------------------------------------------------------
 def engines_of(engine: Any) -> list:
     """The in-process engines behind ``engine`` (one, or a rollout service's)."""
     return [e for e in getattr(engine, "engines", [engine]) if isinstance(e, InProcessEngine)]

@@ -81,6 +81,7 @@ from mimo_kit.train.update import LearnerFeed, build_rl_optimizer, train_step
 
 @contextlib.contextmanager
 def torch_threads(n: int):
+    """torch's intra-op threads set to ``n`` for the block, then restored (``RLConfig.threads``)."""
     old = torch.get_num_threads()
     torch.set_num_threads(n)
     try:
@@ -135,6 +136,7 @@ def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: in
     return m
 
 
+# ---- the warm start and resume ----------------------------------------------------------------------------------
 def warm_start(cfg: RLConfig, out: Path, world: Any, d: Dist | None = None):
     """The SFT policy: loaded from ``out/sft.pt`` when its config matches, else from the cache of warm starts
     (:mod:`mimo_kit.cache`: another run of the same config trained it), else trained and saved to both.
@@ -226,6 +228,7 @@ def shared_world(cfg: RLConfig, d: Dist) -> ToyWorld | RepoWorld:
     return world if d.is_main else cfg.make_world()
 
 
+# ---- the run ----------------------------------------------------------------------------------------------------
 #: the fields of a ``metrics.jsonl`` row that measure wall time: the only ones a resume does not reproduce
 WALL_CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s", "samples_per_s")
 

@@ -315,6 +315,7 @@ def ppo_update(model, opt, cfg: RLConfig, eps_high: float, x: LossInputs, *, d: 
                 ratio_min=-float(extremes[1]), **means)
 
 
+# ---- the optimiser and the learner ranks ------------------------------------------------------------------------
 def build_rl_optimizer(model, cfg: RLConfig):
     """AdamW on the trainable parameters, or the kit's Muown set (Muown on hidden matrices, AdamW on the rest).
 
