@@ -1,25 +1,24 @@
-"""The RL loop synchronous and colocated against asynchronous steps on 1, 2 and 4 engines (Report §6), in one run.
+"""What each part of the asynchronous RL loop buys (Report §6), one factor at a time, in one run.
 
 Every side is :func:`~mimo_kit.train.run.run_rl` on the repo world (multi-turn harness episodes, sandboxed
 tools, hidden-test grading) from the same SFT policy (trained once, cached), for ``--steps`` steps, without
-evaluation:
+evaluation, and every side trains the same work: dynamic sampling off, so each step draws and trains exactly
+``prompts`` groups. The baseline is the synchronous loop with one in-process engine and the episodes in the
+learner's process; each other side adds one or more of three factors:
 
-- **synchronous, colocated**: today's default loop: one in-process engine plays the step's batch, then the learner
-  trains on it, then the weights are copied in;
-- **asynchronous**: ``async_steps=true``: the engines generate step t+1's batch while the learner trains on step t,
-  with the episodes in a harness pool (``--pool``: ``local`` threads in the learner, ``ray`` actors of their own;
-  default both) and the engines either in process (``engines=E``, one rollout loop per engine in a thread) or
-  ``mimo-kit serve`` processes started here
-  (``engine_url=`` E servers, weights sent over a torch.distributed group, ``weight_sync=dist``).
+- ``async``: ``async_steps=true``: the engines generate step t+1's batch while the learner trains on step t;
+- ``server``: the engine is a ``mimo-kit serve`` process started here (``engine_url``, weights sent over a
+  torch.distributed group, ``weight_sync=dist``); ``2 servers``: two of them behind one rollout service;
+- ``ray``: the episodes live in a harness pool of Ray actors (``pool=ray``), processes of their own.
 
-Measured per side: episodes (sequences drawn) per second and trained tokens per second over the steps' wall time,
-the learner's share of time spent waiting for rollouts, the mean token lag, and the cores the whole machine kept
-busy (CPU seconds of every process over the run's wall time); sides alternate over ``--repeats`` rounds, each
-starting one side later and each run after the machine has gone quiet (the previous run's Ray head
-and processes gone), so drifts of the machine hit every side alike; each row's ratio is to the synchronous loop's
-median.
+The headline is trained groups per second over the steps' wall time (equal work per step, so it is the inverse of
+the step time), beside trained tokens per second, the learner's share of time spent waiting for rollouts, the mean
+token lag, and the cores the whole machine kept busy (CPU seconds of every process over the run's wall time). Sides
+alternate over ``--repeats`` rounds, each starting one side later and each run after the machine has gone quiet
+(the previous run's Ray head and processes gone), so drifts of the machine hit every side alike; a side is faster
+or slower than the baseline only when every round of it clears every baseline round.
 
-    .venv/bin/python benchmarks/bench_async.py [--steps 4] [--repeats 3] [--servers 2 4] [--pool local ray]
+    .venv/bin/python benchmarks/bench_async.py [--steps 4] [--repeats 3] [--sides sync async server ...]
 
 Writes ``benchmarks/RESULTS_async.md``.
 """
@@ -61,117 +60,132 @@ def settle(busy_share: float = SETTLED, longest_s: float = 60.0) -> float:
     return time.perf_counter() - t0
 
 
-def one_run(name: str, overrides: dict, steps: int, root: Path) -> dict:
+#: the sides, as the factors each adds to the baseline (synchronous, one in-process engine, episodes in the learner)
+SIDES: dict[str, tuple[str, ...]] = {
+    "sync": (),
+    "async": ("async",),
+    "server": ("server",),
+    "ray": ("ray",),
+    "async+server": ("async", "server"),
+    "server+ray": ("server", "ray"),
+    "async+ray": ("async", "ray"),
+    "async+server+ray": ("async", "server", "ray"),
+    "sync, 2 servers+ray": ("2 servers", "ray"),
+    "async+2 servers+ray": ("async", "2 servers", "ray"),
+}
+
+
+def overrides(factors: tuple[str, ...], urls: list[str]) -> dict:
+    """The RLConfig overrides of a side's factors."""
+    out: dict = {}
+    if "async" in factors:
+        out["async_steps"] = True
+    n = 2 if "2 servers" in factors else 1 if "server" in factors else 0
+    if n:
+        out.update(engine_url=",".join(urls[:n]), weight_sync="dist")
+    if "ray" in factors:
+        out["pool"] = "ray"
+    return out
+
+
+def one_run(name: str, over: dict, steps: int, root: Path) -> dict:
     """One side's run: its rates over the steps' wall time, and how many of the machine's cores it kept busy."""
-    out = root / name.replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+    out = root / name.replace(" ", "_").replace(",", "").replace("+", "-")
     cfg = RLConfig().override({"steps": steps, "eval_tasks": 0, "checkpoint_every": 0, "progress": False,
-                               "save_trajectories": False, "out_dir": str(out), **overrides})
+                               "save_trajectories": False, "dynamic_sampling": False, "out_dir": str(out), **over})
     c0, t0 = busy_cores(), time.perf_counter()
     hist = run_rl(cfg)["history"]
     cores = (busy_cores() - c0) / (time.perf_counter() - t0)  # the whole run (start-up and SFT load included)
     wall = sum(h["step_s"] for h in hist)
-    episodes = sum(h["samples_per_s"] * h["step_s"] for h in hist)  # sequences drawn, every step
-    return {"episodes_per_s": episodes / wall, "tokens_per_s": sum(h["trained_tokens"] for h in hist) / wall,
-            "wait_share": sum(h["wait_s"] for h in hist) / wall, "lag": statistics.mean(h["lag_mean"] for h in hist),
-            "train_s": statistics.mean(h["train_s"] for h in hist), "wall": wall, "cores": cores,
-            "drawn": statistics.mean(h["groups_drawn"] for h in hist)}
+    return {"groups_per_s": sum(h["groups_trained"] for h in hist) / wall,
+            "tokens_per_s": sum(h["trained_tokens"] for h in hist) / wall,
+            "step_s": wall / len(hist), "wait_share": sum(h["wait_s"] for h in hist) / wall,
+            "lag": statistics.mean(h["lag_mean"] for h in hist),
+            "train_s": statistics.mean(h["train_s"] for h in hist), "cores": cores,
+            "drawn": statistics.mean(h["groups_drawn"] for h in hist),
+            "trained": statistics.mean(h["groups_trained"] for h in hist)}
 
 
-def verdict(rows: list[dict], base_name: str, ncores: int) -> str:
-    """What the table shows, from its own ratios and the rounds' spread: a side is faster or slower only when its
-    range of rounds clears the synchronous loop's range."""
-    def span(row: dict) -> tuple[float, float]:
-        lo, hi = row["min–max"].split("–")
-        return float(lo), float(hi)
-
-    base_lo, base_hi = span(rows[0])
-    best = max(rows[1:], key=lambda r: float(r["× sync episodes/s"]))
-    ratio = float(best["× sync episodes/s"])
-    lo, hi = span(best)
-    if lo > base_hi:
-        word = "faster, every round above every synchronous round"
-    elif hi < base_lo:
-        word = "slower, every round below every synchronous round"
-    else:
-        word = "inside the rounds' spread, so no speedup is shown at this scale"
-    return (f"The best asynchronous side ({best['side']}) plays {ratio:.2f}× the episodes per second of the "
-            f"{base_name}: {word}. Its trained tokens per second are {best['× sync tokens/s']}× the synchronous "
-            "loop's: a step trains a fixed number of groups, and how many groups dynamic sampling draws to find them "
-            "(groups drawn/step) and how long their episodes are vary from run to run. Asynchronous steps hide the "
-            "learner's update behind the next batch's rollouts (the wait column is the learner's idle share); more "
-            f"engines help only while the machine has idle cores: the synchronous loop kept {rows[0]['cores busy']} "
-            f"of the {ncores} cores busy, the best asynchronous side {best['cores busy']}. With the episodes in the "
-            "learner's process (pool 'local') their tools and grading share its interpreter with the training "
-            "thread; on Ray actors (pool 'ray') they run in processes of their own, beside the engine servers.")
+def verdict(rows: list[dict], runs: dict[str, list[dict]]) -> str:
+    """What the table shows, from its own ratios and the rounds' spread: a side is faster or slower than the
+    baseline only when every round of it clears every baseline round."""
+    base = [x["groups_per_s"] for x in runs["sync"]]
+    parts = []
+    for row in rows[1:]:
+        got = [x["groups_per_s"] for x in runs[row["side"]]]
+        if min(got) > max(base):
+            word = "faster (every round above every synchronous round)"
+        elif max(got) < min(base):
+            word = "slower (every round below every synchronous round)"
+        else:
+            word = "within the rounds' spread"
+        parts.append(f"{row['side']}: {row['× sync groups/s']}×, {word}")
+    best = max(rows[1:], key=lambda r: float(r["× sync groups/s"]))
+    return ("Trained groups per second against the synchronous loop, one factor at a time: " + "; ".join(parts) +
+            f". The best side is {best['side']} at {best['× sync groups/s']}× the synchronous loop's trained groups "
+            f"per second ({best['× sync tokens/s']}× its trained tokens per second). Training is "
+            f"{rows[0]['training share']} of a synchronous step, so overlapping it with the next batch's rollouts "
+            "(asynchronous steps alone) can hide at most that share of the step; what the servers and the Ray pool "
+            "add is parallel work on cores the synchronous loop leaves idle (cores busy).")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--engines", type=int, nargs="*", default=[2], help="in-process engine counts (async)")
-    ap.add_argument("--servers", type=int, nargs="*", default=[2, 4], help="mimo-kit serve counts (async)")
-    ap.add_argument("--pool", nargs="+", default=["local", "ray"], choices=["", "local", "ray"],
-                    help="harness pools of the asynchronous sides: in-process engines take the first, servers each")
+    ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=list(SIDES),
+                    help="the sides to measure (sync, the baseline, is always measured)")
     ap.add_argument("--out", default=str(Path(__file__).with_name("RESULTS_async.md")))
     args = ap.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="bench-async-"))
-    base_name = "synchronous loop, 1 engine, colocated"
-    sides: dict[str, dict] = {base_name: {}}
-    pool = {"pool": args.pool[0]} if args.pool[0] else {}
-    for e in args.engines:
-        sides[f"async, {e} in-process engine{'s' if e > 1 else ''}, pool {args.pool[0] or 'none'}"] = {
-            "async_steps": True, "engines": e, **pool}
+    names = ["sync"] + [n for n in args.sides if n != "sync"]
+    n_servers = max((2 if "2 servers" in SIDES[n] else 1 if "server" in SIDES[n] else 0) for n in names)
     with contextlib.ExitStack() as stack:
-        urls = [s.url for s in stack.enter_context(local_servers(max(args.servers), ["--rl-preset", "tiny"]))
-                ] if args.servers else []
-        for n in args.servers:
-            for p in args.pool:
-                sides[f"async, {n} mimo-kit serve engines, pool {p or 'none'}"] = {
-                    "async_steps": True, "engine_url": ",".join(urls[:n]), "weight_sync": "dist",
-                    **({"pool": p} if p else {})}
+        urls = ([s.url for s in stack.enter_context(local_servers(n_servers, ["--rl-preset", "tiny"]))]
+                if n_servers else [])
         one_run("warm-up", {}, 1, root)  # the SFT policy trained or loaded into the cache; sandboxes warm
-        runs: dict[str, list[dict]] = {k: [] for k in sides}
-        names = list(sides)
+        runs: dict[str, list[dict]] = {k: [] for k in names}
         for r in range(args.repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:  # each round starts one side later
                 settle()
-                runs[name].append(one_run(name, sides[name], args.steps, root))
-                print(f"round {r + 1} {name}: {runs[name][-1]['episodes_per_s']:.2f} episodes/s", flush=True)
-    base = statistics.median(x["episodes_per_s"] for x in runs[base_name])
-    base_tok = statistics.median(x["tokens_per_s"] for x in runs[base_name])
+                runs[name].append(one_run(name, overrides(SIDES[name], urls), args.steps, root))
+                print(f"round {r + 1} {name}: {runs[name][-1]['groups_per_s']:.3f} trained groups/s", flush=True)
+    base = statistics.median(x["groups_per_s"] for x in runs["sync"])
+    base_tok = statistics.median(x["tokens_per_s"] for x in runs["sync"])
     rows = []
     for name, rs in runs.items():
-        eps = [x["episodes_per_s"] for x in rs]
+        gps = [x["groups_per_s"] for x in rs]
         tok = statistics.median(x["tokens_per_s"] for x in rs)
-        rows.append({"side": name, "episodes/s (median)": f"{statistics.median(eps):.2f}",
-                     "min–max": f"{min(eps):.2f}–{max(eps):.2f}",
-                     "× sync episodes/s": f"{statistics.median(eps) / base:.2f}",
+        rows.append({"side": name, "adds": " + ".join(SIDES[name]) or "(baseline)",
+                     "trained groups/s (median)": f"{statistics.median(gps):.3f}",
+                     "min–max": f"{min(gps):.3f}–{max(gps):.3f}",
+                     "× sync groups/s": f"{statistics.median(gps) / base:.2f}",
                      "trained tokens/s": f"{tok:.0f}", "× sync tokens/s": f"{tok / base_tok:.2f}",
+                     "step s": f"{statistics.median(x['step_s'] for x in rs):.1f}",
+                     "training share": f"{statistics.mean(x['train_s'] / x['step_s'] for x in rs):.0%}",
                      "learner waiting": f"{statistics.mean(x['wait_share'] for x in rs):.0%}",
-                     "train s/step": f"{statistics.mean(x['train_s'] for x in rs):.1f}",
                      "token lag": f"{statistics.mean(x['lag'] for x in rs):.2f}",
-                     "groups drawn/step": f"{statistics.mean(x['drawn'] for x in rs):.1f}",
+                     "groups drawn / trained per step": f"{statistics.mean(x['drawn'] for x in rs):.1f} / "
+                                                        f"{statistics.mean(x['trained'] for x in rs):.1f}",
                      "cores busy": f"{statistics.mean(x['cores'] for x in rs):.2f}"})
-    cmd = (f"python benchmarks/bench_async.py --steps {args.steps} --repeats {args.repeats} --engines "
-           f"{' '.join(map(str, args.engines))} --servers {' '.join(map(str, args.servers))} --pool "
-           f"{' '.join(repr(p) if not p else p for p in args.pool)}")
+    cmd = (f"python benchmarks/bench_async.py --steps {args.steps} --repeats {args.repeats} --sides "
+           + " ".join(repr(n) if " " in n or "," in n else n for n in names))
     text = "\n".join([
-        "# Asynchronous RL steps: the synchronous colocated loop against 1, 2 and 4 engines",
+        "# Asynchronous RL steps: what each factor buys, one at a time",
         "",
         f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {len(os.sched_getaffinity(0))} cores; "
         f"`run_rl` on the repo world (tiny preset: {RLConfig().prompts} prompts × {RLConfig().group_size} "
-        f"episodes a step with dynamic sampling, sandboxed tools, hidden-test grading), {args.steps} steps a run, "
-        f"no evaluation, {args.repeats} rounds (each starting one side later, every run on a quiet machine); "
-        f"`{cmd}`. Episodes/s counts every sequence drawn (over-sampled groups included) over the steps' wall "
-        "time; trained tokens/s the tokens the learner trained on; token lag the mean versions between "
-        "generation and training; cores busy the CPU seconds of every process on the machine (engine servers, "
-        "sandboxes and graders included) per second of the run.",
+        f"episodes a step, dynamic sampling off so every side trains the same groups per step, sandboxed tools, "
+        f"hidden-test grading), {args.steps} steps a run, no evaluation, {args.repeats} rounds (each starting one "
+        f"side later, every run on a quiet machine); `{cmd}`. Trained groups/s and trained tokens/s are over the "
+        "steps' wall time; training share is the learner's update time per step; token lag the mean versions "
+        "between generation and training; cores busy the CPU seconds of every process on the machine (engine "
+        "servers, Ray actors, sandboxes and graders included) per second of the run.",
         "",
         markdown_table(rows),
         "",
-        verdict(rows, base_name, len(os.sched_getaffinity(0))),
+        verdict(rows, runs),
         "",
     ])
     Path(args.out).write_text(text)

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -52,11 +51,10 @@ def _config(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mimo_kit.dist import close_distributed, world_from_env
+    from mimo_kit.experiments import new_run_folder
     from mimo_kit.launch import DISTRIBUTED, in_run_folder
 
     exp, cfg = _config(args)
-    if args.out:  # the folder named: checkpoints and metrics too, unless out_dir was set
-        cfg = in_run_folder(cfg, args.out)
     rank, world, _ = world_from_env()
     if world > 1 and exp.name not in DISTRIBUTED:
         raise ConfigError(f"experiment {exp.name!r} runs in one process, but torchrun started {world}; the "
@@ -64,7 +62,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if world > 1 and not args.out:
         raise ConfigError(f"{world} processes need one run folder: pass --out (mimo-kit launch does)")
     main = rank == 0  # under torchrun only rank 0 writes the run folder and prints
-    out = Path(args.out or f"runs/{exp.name}/{time.strftime('%Y%m%d-%H%M%S')}")
+    # every run its own folder; a named one (--out) is resumed. Checkpoints, metrics and warm starts go there too,
+    # unless the config sets out_dir
+    out = Path(args.out) if args.out else new_run_folder(exp.name)
+    cfg = in_run_folder(cfg, out)
     meta = {"experiment": exp.name, "preset": None if args.config else args.preset,
             "config": args.config, "overrides": list(args.overrides), "world_size": world,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "finished": None}
@@ -106,8 +107,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     exp, cfg = _config(args)
     slurm = SlurmOptions(job_name=args.job_name or f"mimo-kit-{exp.name}", time=args.time,
-                         partition=args.partition, account=args.account, exclusive=not args.shared_nodes,
-                         requeue=not args.no_requeue, chdir=args.chdir, env_setup=args.env_setup,
+                         partition=args.partition, account=args.account, qos=args.qos,
+                         exclusive=not args.shared_nodes, cpus_per_task=args.cpus_per_task, mem=args.mem,
+                         constraint=args.constraint, gres=args.gres, requeue=not args.no_requeue,
+                         signal_s=args.signal_s, chdir=args.chdir, env_setup=args.env_setup,
                          nccl=tuple(args.nccl) if args.nccl is not None else SlurmOptions.nccl)
     if args.servers < 0 or (args.servers and exp.name != "rl"):
         raise ConfigError(f"launch: --servers {args.servers}; expected 0, or a number of engines for the rl "
@@ -118,16 +121,11 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(prep.show())
         return 0
     folder = Path(args.out or f"runs/{exp.name}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
-    with contextlib.ExitStack() as stack:
-        if args.servers:  # engines of its own on loopback, stopped with the run (Report §6)
-            from mimo_kit.infra.local_servers import serving
-
-            try:
-                cfg = stack.enter_context(serving(cfg, args.servers, folder))
-            except ValueError as err:
-                raise ConfigError(f"launch: {err}") from err
-        done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=folder,
-                      timeout=args.timeout, slurm=slurm)
+    serve = None
+    if args.servers:  # engines of its own on loopback, stopped with the run (Report §6)
+        from mimo_kit.infra.local_servers import serving as serve
+    done = launch(exp.name, cfg, nnodes=args.nnodes, nproc_per_node=args.nproc_per_node, folder=folder,
+                  timeout=args.timeout, slurm=slurm, servers=args.servers, serve=serve)
     print(f"result → {Path(done['folder']) / 'result.json'}")
     return 0
 
@@ -289,6 +287,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print(f"mimo-kit: error: serve --device cuda, but this machine has no CUDA device (torch "
+              f"{torch.__version__}); use --device cpu or auto", file=sys.stderr)
+        return 2
     if args.rl_preset or args.rl_config:  # the RL policy's shape; the trainer sends its weights before rolling out
         from mimo_kit.config.base import ConfigError
         from mimo_kit.train.config import RLConfig
@@ -306,7 +308,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           model_path=str(Path(args.model).absolute()) if args.model else None, seed=args.seed,
           api_key=os.environ.get("SGLANG_API_KEY") if args.api_key == "env" else args.api_key,
           admin_api_key=(os.environ.get("SGLANG_ADMIN_API_KEY") if args.admin_api_key == "env"
-                         else args.admin_api_key), prefix_cache_bytes=int(args.prefix_cache_mib * 2**20))
+                         else args.admin_api_key), prefix_cache_bytes=int(args.prefix_cache_mib * 2**20),
+          device=args.device)
     return 0
 
 
@@ -338,8 +341,20 @@ def build_parser() -> argparse.ArgumentParser:
     slurm.add_argument("--time", default="24:00:00", help="Slurm time limit, [D-]HH:MM:SS")
     slurm.add_argument("--partition", default="", help="Slurm partition (default: the cluster's)")
     slurm.add_argument("--account", default="", help="Slurm account (default: the user's)")
+    slurm.add_argument("--qos", default="", help="Slurm quality of service (default: the account's)")
     slurm.add_argument("--shared-nodes", action="store_true", help="do not ask for whole nodes (--exclusive)")
-    slurm.add_argument("--no-requeue", action="store_true", help="do not let Slurm requeue the job")
+    slurm.add_argument("--cpus-per-task", type=int, default=0, help="cores of each node's task (default 0: 8 per "
+                       "process, i.e. per GPU)")
+    slurm.add_argument("--mem", default="", help="memory per node in Slurm's units, e.g. 512G; 0 = all of it "
+                       "(default: the cluster's)")
+    slurm.add_argument("--constraint", default="", help="node features the nodes must have, e.g. 'h100|h200'")
+    slurm.add_argument("--gres", default="", help="generic resources per node as Slurm spells them, e.g. "
+                       "gpu:h100:8 (its GPU count = --nproc-per-node); none = no GPUs (default: --gpus-per-node)")
+    slurm.add_argument("--no-requeue", action="store_true", help="do not requeue the job when the warning signal "
+                       "stops the run (it still checkpoints and exits 75)")
+    slurm.add_argument("--signal-s", type=int, default=120, help="seconds before the time limit at which Slurm "
+                       "sends the batch shell SIGUSR1: the run checkpoints after its step and the job is requeued "
+                       "(0 = no signal)")
     slurm.add_argument("--chdir", default="", help="the job's directory on a filesystem every node shares "
                        "(default: this one, absolute)")
     slurm.add_argument("--env-setup", default="", help="a shell line run before the job, e.g. 'source "
@@ -428,6 +443,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--admin-api-key", default=None, help="SGLang's --admin-api-key: the weight, pause, abort and "
                     "flush routes want this key instead; 'env' reads SGLANG_ADMIN_API_KEY")
     sv.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    sv.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"), help="where the model runs and "
+                    "weights sent over a group arrive: auto (default) = cuda when there is one; a learner on CUDA "
+                    "sends over nccl, which needs --device cuda here")
     sv.set_defaults(fn=cmd_serve)
     return p
 

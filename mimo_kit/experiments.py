@@ -11,15 +11,20 @@ so a later chapter adds a function and a config and nothing else; this module im
 
 An experiment whose result the notebooks plot from a committed file names it with ``publishes``
 (:class:`Publication`); ``mimo-kit results`` (:mod:`mimo_kit.results`) copies it there from a finished run.
-Running an experiment never writes into the shipped ``data/``.
+Running an experiment never writes into the shipped ``data/``. Every run writes into a folder of its own
+(:func:`new_run_folder`, ``runs/NAME/<time>/``): checkpoints, metrics and warm starts too, so two runs never share,
+resume or overwrite one another; a run is resumed by naming its folder (``mimo-kit run NAME --out FOLDER``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import pkgutil
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import mimo_kit
@@ -94,3 +99,19 @@ def run(name: str, preset: str = "tiny", overrides: list[str] | tuple[str, ...] 
     """Run experiment ``name`` on ``preset`` with overrides: what ``mimo-kit run`` does."""
     exp = get(name)
     return exp(exp.config(preset, overrides))
+
+
+def new_run_folder(name: str, root: str | Path = "runs") -> Path:
+    """A fresh folder for one run of experiment ``name``: ``root/NAME/<time>/``, or ``<time>-2``, ``-3``, … when a
+    run started in the same second holds it. Created here (an exclusive ``mkdir``), so two runs never get one."""
+    base = Path(root) / name
+    base.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for i in itertools.count(1):
+        path = base / (stamp if i == 1 else f"{stamp}-{i}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        return path
+    raise AssertionError("unreachable")

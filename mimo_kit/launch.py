@@ -9,8 +9,10 @@ it, the same run three ways, all reading that one YAML:
   rendezvous (no fixed node ranks) gathers N·P processes, and the loop reads ``RANK``/``WORLD_SIZE`` and shards
   the model with FSDP2 (:mod:`mimo_kit.dist`);
 - ``sbatch.sh``: a Slurm batch script for N nodes that starts that line once per node with ``srun``, the
-  rendezvous on the first node of the allocation; job name, time, partition, account, whole nodes, requeue, the
-  environment and NCCL settings from :class:`SlurmOptions`, every path absolute;
+  rendezvous on the first node of the allocation; job name, time, partition, account, QOS, node features, whole
+  nodes, each node's GPUs, cores and memory, the environment and NCCL settings from :class:`SlurmOptions`, every
+  path absolute; Slurm's warning before the time limit makes the run checkpoint and stop, and the script requeue
+  the job, which resumes (:mod:`mimo_kit.preempt`);
 - ``ray_job.sh``: ``ray job submit`` to the cluster at ``$RAY_ADDRESS``: one node's ``torchrun``, or for N nodes
   :mod:`mimo_kit.ray_launch`, one ``torchrun`` agent per node placed by a placement group.
 
@@ -23,11 +25,13 @@ on each before the learners start, and ``ray_job.sh`` submits ``mimo-kit launch 
 :func:`launch` runs the ``torchrun`` form on this machine (``nnodes`` agents on 127.0.0.1, one per simulated
 node), which is what ``mimo-kit launch EXP --nnodes N --nproc-per-node P`` does without ``--dry-run``; for RL,
 ``mimo-kit launch rl --servers E`` first starts E ``mimo-kit serve`` engines on loopback
-(:func:`mimo_kit.infra.local_servers.serving`) and trains with them (Report §6).
+(:func:`mimo_kit.infra.local_servers.serving`) and trains with them (Report §6); the config and scripts it leaves
+start servers of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,6 +39,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from mimo_kit.config.base import Config, ConfigError
@@ -140,6 +145,17 @@ def torchrun_command(experiment: str, cfg: Config | str | Path, preset: str = "t
 
 #: seconds a job waits for its engine servers to answer /health before it gives up (loading a large policy)
 SERVER_WAIT_S = 600
+#: cores per GPU a node's task asks for when ``SlurmOptions.cpus_per_task`` is left at 0: GPU nodes carry 8-16
+#: cores per GPU, and each rank's data, rollout and grading threads use several
+CPUS_PER_GPU = 8
+#: the run folder's file that asks the run to stop (:mod:`mimo_kit.preempt`): the batch shell creates it when
+#: Slurm's warning signal arrives
+STOP_FILE = "stop-requested"
+
+_NAME = r"[A-Za-z0-9._,-]+"  # a Slurm partition, account or QOS name (a comma-separated list where Slurm takes one)
+_SIZE = r"\d+[KMGT]?"  # Slurm's memory size: a number, megabytes unless K, M, G or T follows
+_FEATURES = r"[A-Za-z0-9._&|,*!\[\]()-]+"  # a node-feature expression: names joined by & | , with [ ] ( ) and *N
+_GRES = r"[A-Za-z0-9_-]+(:[A-Za-z0-9_.-]+){0,2}"  # name[:type][:count]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,16 +164,25 @@ class SlurmOptions:
 
     Multi-node runs need a filesystem every node shares at the same path: the script changes to ``chdir`` (the
     directory ``prepare`` ran in, absolute) and every node reads the one ``config.yaml`` and writes into the one run
-    folder. ``requeue`` with ``signal_s``: Slurm warns the job that many seconds before its time limit and may
-    requeue it; the run resumes from its last checkpoint in the run folder."""
+    folder. ``signal_s``: Slurm sends the batch shell ``SIGUSR1`` that many seconds before the time limit; the run
+    checkpoints at the end of its step and stops, and with ``requeue`` the script requeues the job, which resumes
+    from that checkpoint (:func:`sbatch_script`, :mod:`mimo_kit.preempt`)."""
 
     job_name: str = "mimo-kit"
     time: str = "24:00:00"  # Slurm's [D-]HH:MM:SS
     partition: str = ""  # "" = the cluster's default
     account: str = ""  # "" = the user's default
+    qos: str = ""  # quality of service; "" = the account's default
     exclusive: bool = True  # whole nodes: torchrun's workers expect every core and GPU of a node
-    requeue: bool = True
-    signal_s: int = 120  # SIGTERM to the job this long before the time limit (0 = none)
+    cpus_per_task: int = 0  # cores of each node's task (its torchrun agent and workers); 0 = CPUS_PER_GPU per
+    #                         process (one per GPU)
+    mem: str = ""  # memory per node in Slurm's units ("512G"; "0" = all of it); "" = the cluster's default
+    constraint: str = ""  # node features the nodes must have ("h100|h200"); "" = any node of the partition
+    gres: str = ""  # "" = --gpus-per-node=<processes per node>; else --gres as Slurm spells it ("gpu:h100:8",
+    #                 "gpu:8,nvme:1"), its GPU count the processes per node; "none" = no GPUs (a CPU partition)
+    requeue: bool = True  # a run stopped by the warning signal is requeued and resumes from its checkpoint
+    signal_s: int = 120  # SIGUSR1 to the batch shell this long before the time limit (0 = none): one step and a
+    #                      checkpoint must fit in it, and Slurm may send it up to 60 s early
     chdir: str = ""  # "" = the current directory, made absolute
     env_setup: str = ""  # a line run before the job, e.g. "source /shared/venv/bin/activate"; "" = the venv of
     #                      the Python that wrote the script, when it is one
@@ -170,9 +195,21 @@ class SlurmOptions:
             raise ConfigError(f"launch: job name {self.job_name!r}; expected letters, digits, '.', '_' or '-'")
         if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}:\d{2}", self.time):
             raise ConfigError(f"launch: time {self.time!r}; expected Slurm's [D-]HH:MM:SS, e.g. 24:00:00 or 2-00:00:00")
-        for name, value in (("partition", self.partition), ("account", self.account)):
-            if value and not re.fullmatch(r"[A-Za-z0-9._,-]+", value):
+        for name, value in (("partition", self.partition), ("account", self.account), ("qos", self.qos)):
+            if value and not re.fullmatch(_NAME, value):
                 raise ConfigError(f"launch: {name} {value!r}; expected a Slurm {name} name")
+        if isinstance(self.cpus_per_task, bool) or not isinstance(self.cpus_per_task, int) or self.cpus_per_task < 0:
+            raise ConfigError(f"launch: cpus_per_task={self.cpus_per_task!r}; expected a whole number of cores >= 1, "
+                              f"or 0 for {CPUS_PER_GPU} per GPU")
+        if self.mem and not re.fullmatch(_SIZE, self.mem):
+            raise ConfigError(f"launch: mem {self.mem!r}; expected a Slurm size per node, e.g. 512G, 64000M or 0 "
+                              "(all of a node's memory)")
+        if self.constraint and not re.fullmatch(_FEATURES, self.constraint):
+            raise ConfigError(f"launch: constraint {self.constraint!r}; expected node features joined by &, | or "
+                              "',' (e.g. h100|h200), without spaces or quotes")
+        if self.gres and self.gres != "none" and not re.fullmatch(rf"{_GRES}(,{_GRES})*", self.gres):
+            raise ConfigError(f"launch: gres {self.gres!r}; expected Slurm's name[:type][:count] list, e.g. "
+                              "gpu:h100:8 or gpu:8,nvme:1, or 'none' for no GPUs")
         if self.signal_s < 0:
             raise ConfigError(f"launch: signal_s={self.signal_s}; expected seconds >= 0")
         for kv in self.nccl:
@@ -188,14 +225,33 @@ class SlurmOptions:
         activate = Path(sys.prefix) / "bin" / "activate"
         return f"source {shlex.quote(str(activate))}" if sys.prefix != sys.base_prefix and activate.is_file() else ""
 
+    def resources(self, nproc_per_node: int) -> list[str]:
+        """The directives of one node's share: its GPUs (``gres``), cores and memory. A ``gres`` GPU count other
+        than the processes per node is refused: ``torchrun`` starts one process per GPU."""
+        if self.gres == "none":
+            gpus = []
+        elif self.gres:
+            counts = [e.split(":")[-1] for e in self.gres.split(",") if e.split(":")[0] == "gpu"]
+            bad = [c for c in counts if c.isdigit() and int(c) != nproc_per_node]
+            if bad:
+                raise ConfigError(f"launch: gres {self.gres!r} asks for {bad[0]} GPUs per node, but each node "
+                                  f"runs {nproc_per_node} processes (one per GPU); make them equal")
+            gpus = [f"#SBATCH --gres={self.gres}"]
+        else:
+            gpus = [f"#SBATCH --gpus-per-node={nproc_per_node}"]
+        return [*gpus, f"#SBATCH --cpus-per-task={self.cpus_per_task or CPUS_PER_GPU * nproc_per_node}",
+                *[f"#SBATCH --mem={self.mem}"] * bool(self.mem)]
+
     def directives(self) -> list[str]:
         out = [f"#SBATCH --job-name={self.job_name}", f"#SBATCH --time={self.time}",
                f"#SBATCH --chdir={self.directory()}"]
         out += [f"#SBATCH --partition={self.partition}"] * bool(self.partition)
         out += [f"#SBATCH --account={self.account}"] * bool(self.account)
+        out += [f"#SBATCH --qos={self.qos}"] * bool(self.qos)
+        out += [f"#SBATCH --constraint={self.constraint}"] * bool(self.constraint)
         out += ["#SBATCH --exclusive"] * self.exclusive
-        out += ["#SBATCH --requeue"] * self.requeue
-        out += [f"#SBATCH --signal=B:TERM@{self.signal_s}"] * bool(self.signal_s)
+        out += ["#SBATCH --requeue", "#SBATCH --open-mode=append"] if self.requeue else ["#SBATCH --no-requeue"]
+        out += [f"#SBATCH --signal=B:USR1@{self.signal_s}"] * bool(self.signal_s)
         return out
 
 
@@ -204,15 +260,26 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
                   slurm: SlurmOptions | None = None) -> str:
     """A Slurm batch script: N learner nodes, one ``torchrun`` agent per node (``srun``), rendezvous on the first.
 
-    ``slurm``: job name, time, partition, account, whole nodes, requeue, the environment and NCCL settings
-    (:class:`SlurmOptions`). Paths in the script are absolute (relative ones are taken from ``slurm.chdir``), and
-    ``srun`` hands each task the job's ``--cpus-per-task`` (Slurm 22.05+ no longer passes it on by itself).
+    ``slurm``: job name, time, partition, account, QOS, node features, whole nodes, each node's GPUs, cores and
+    memory, requeue, the warning signal, the environment and NCCL settings (:class:`SlurmOptions`). Paths in the
+    script are absolute (relative ones are taken from ``slurm.chdir``), and ``srun`` hands each task the job's
+    ``--cpus-per-task`` (Slurm 22.05+ no longer passes it on by itself).
+
+    Stopping for a requeue (:mod:`mimo_kit.preempt`): Slurm's warning (``--signal=B:USR1@S``) reaches the batch
+    shell alone, whose trap creates the run folder's stop file (``$MIMO_KIT_STOP_FILE``); the learners run in the
+    background so the trap runs while the shell waits. The run checkpoints at the end of its step, writes
+    ``stopped.json`` and exits; the shell then requeues the job (``scontrol requeue``, with ``requeue``) or, without,
+    exits with status 75. The requeued job runs this script again and resumes from the checkpoint. The log is
+    appended to (``--open-mode=append``), so one file holds every run of the job.
 
     ``servers`` = E (RL, Report §6: engines on their own nodes): the allocation has E more nodes, each runs one
     ``mimo-kit serve`` of the run's policy (``--rl-config``, port ``server_port`` + i, its log in the run folder);
     once every one answers ``/health`` the learners train with them (``engine_url``), each version sent over a
     torch.distributed group from the node rank 0 runs on (``weight_sync=dist weight_sync_host=auto``). The
-    servers have no authentication: the allocation's network must be private. They stop with the job."""
+    servers have no authentication: the allocation's network must be private. They stop with the job; a requeued
+    job starts them again, wherever its nodes are (a resume accepts new server addresses, not a new number)."""
+    from mimo_kit.preempt import REQUEUE_EXIT, STOP_FILE_ENV, STOPPED_NAME
+
     _check_shape(nnodes, nproc_per_node)
     if servers < 0 or (servers and experiment != "rl"):
         raise ConfigError(f"launch: servers={servers}; expected 0, or a number of engines for the rl experiment "
@@ -224,16 +291,21 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
                             rdzv_endpoint=f"$MASTER_ADDR:{port}", rdzv_id="$SLURM_JOB_ID", out=out, rendezvous=True)
     q = shlex.quote
     setup = slurm.setup_line()
+    stopped = q(str(out / STOPPED_NAME))
     lines = [
         "#!/bin/bash",
         f"#SBATCH --nodes={nnodes + servers}",
         "#SBATCH --ntasks-per-node=1",
-        f"#SBATCH --gpus-per-node={nproc_per_node}",
-        f"#SBATCH --cpus-per-task={8 * nproc_per_node}",
+        *slurm.resources(nproc_per_node),
         *slurm.directives(),
         f"#SBATCH --output={out / 'slurm-%j.out'}",
         "# every node must see this directory, the config and the run folder at the same paths (a shared filesystem)",
         "set -euo pipefail",
+        "# Slurm's warning (--signal=B:USR1) comes to this shell only: the trap leaves the run a stop file, and the",
+        f"# run checkpoints at the end of its step, writes {STOPPED_NAME} and exits (mimo_kit.preempt)",
+        f"export {STOP_FILE_ENV}={q(str(out / STOP_FILE))}",
+        f'rm -f "${STOP_FILE_ENV}" {stopped}',
+        f"trap 'touch \"${STOP_FILE_ENV}\"' USR1",
         *([setup] if setup else []),
         "# srun hands each task the job's cores (Slurm 22.05-23.02 gave one unless told)",
         'if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi',
@@ -242,32 +314,51 @@ def sbatch_script(experiment: str, config_yaml: str | Path, out: str | Path, *, 
         "# the rendezvous host: the first node of the allocation",
         "export MASTER_ADDR=${NODES[0]}",
     ]
-    if not servers:
-        return "\n".join([*lines, f"srun {line}", ""])
-    tries = SERVER_WAIT_S // 5
+    learners = f"srun {line}"
+    if servers:
+        tries = SERVER_WAIT_S // 5
+        lines += [
+            f"LEARNERS=$(IFS=,; echo \"${{NODES[*]:0:{nnodes}}}\")",
+            f"# the engine servers: nodes {nnodes}..{nnodes + servers - 1} of the allocation, one mimo-kit serve each",
+            "URLS=()",
+            f"for i in $(seq 0 {servers - 1}); do",
+            f"  node=${{NODES[$(({nnodes} + i))]}}; port=$(({server_port} + i))",
+            "  srun --nodes=1 --ntasks=1 --nodelist=\"$node\" python -m mimo_kit.cli serve "
+            f"--rl-config {q(str(config_yaml))} --host \"$node\" --allow-remote --port \"$port\" "
+            f"> {q(str(out))}/server-$i.log 2>&1 &",
+            '  URLS+=("http://$node:$port")',
+            "done",
+            "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the servers end with the job script",
+            "healthy() {  # $1: a server's URL",
+            "  python -c \"import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=5)\" "
+            "\"$1\" 2>/dev/null",
+            "}",
+            'for u in "${URLS[@]}"; do',
+            f"  for _ in $(seq {tries}); do healthy \"$u\" && break; sleep 5; done",
+            f'  healthy "$u" || {{ echo "engine server $u is not healthy after {SERVER_WAIT_S} s" >&2; exit 1; }}',
+            "done",
+        ]
+        learners = (f'srun --nodes={nnodes} --ntasks={nnodes} --nodelist="$LEARNERS" {line} '
+                    'engine_url="$(IFS=,; echo "${URLS[*]}")" weight_sync=dist weight_sync_host=auto')
+    if slurm.requeue:
+        stop = ['  scontrol requeue "$SLURM_JOB_ID"  # pending again; the next start resumes from the checkpoint',
+                "  exit 0"]
+    else:
+        stop = ['  echo "the job is not requeued (--no-requeue): submit this script again to resume" >&2',
+                f"  exit {REQUEUE_EXIT}"]
     return "\n".join([
         *lines,
-        f"LEARNERS=$(IFS=,; echo \"${{NODES[*]:0:{nnodes}}}\")",
-        f"# the engine servers: nodes {nnodes}..{nnodes + servers - 1} of the allocation, one mimo-kit serve each",
-        "URLS=()",
-        f"for i in $(seq 0 {servers - 1}); do",
-        f"  node=${{NODES[$(({nnodes} + i))]}}; port=$(({server_port} + i))",
-        "  srun --nodes=1 --ntasks=1 --nodelist=\"$node\" python -m mimo_kit.cli serve "
-        f"--rl-config {q(str(config_yaml))} --host \"$node\" --allow-remote --port \"$port\" "
-        f"> {q(str(out))}/server-$i.log 2>&1 &",
-        '  URLS+=("http://$node:$port")',
+        f"{learners} &",
+        "STEP=$!",
+        "while :; do  # the trap interrupts wait (status > 128): wait again while the learners run",
+        '  wait "$STEP" && status=0 || status=$?',
+        '  (( status > 128 )) && kill -0 "$STEP" 2>/dev/null || break',
         "done",
-        "trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # the servers end with the job script",
-        "healthy() {  # $1: a server's URL",
-        "  python -c \"import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/health', timeout=5)\" \"$1\" "
-        "2>/dev/null",
-        "}",
-        'for u in "${URLS[@]}"; do',
-        f"  for _ in $(seq {tries}); do healthy \"$u\" && break; sleep 5; done",
-        f'  healthy "$u" || {{ echo "engine server $u is not healthy after {SERVER_WAIT_S} s" >&2; exit 1; }}',
-        "done",
-        f'srun --nodes={nnodes} --ntasks={nnodes} --nodelist="$LEARNERS" {line} '
-        'engine_url="$(IFS=,; echo "${URLS[*]}")" weight_sync=dist weight_sync_host=auto',
+        f"if [[ -f {stopped} ]]; then  # the run stopped on the warning, its checkpoint written",
+        f"  printf 'stopped for a requeue: '; cat {stopped}",
+        *stop,
+        "fi",
+        'exit "$status"',
         "",
     ])
 
@@ -344,6 +435,9 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
         raise ConfigError(f"launch: experiment {experiment!r} runs in one process; the experiments that train "
                           f"sharded over processes are {', '.join(DISTRIBUTED)}")
     _check_shape(nnodes, nproc_per_node)
+    if servers and getattr(cfg, "engine_url", ""):
+        raise ConfigError(f"launch: {servers} engine servers for a config with engine_url={cfg.engine_url!r}: the "
+                          "job trains with the servers it starts; drop one of the two")
     out = Path(folder or f"runs/{experiment}/launch-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     yaml_path = out / "config.yaml"
@@ -360,7 +454,9 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
                              servers=servers, chdir=slurm.chdir or None)
     except ConfigError as err:
         rj = f"echo {shlex.quote(str(err))} >&2\nexit 2"
-    (out / "torchrun.sh").write_text(f"#!/bin/bash\n# run on every node (MASTER_ADDR: the first node)\n{tr}\n")
+    engines = (f"# the learners only: their {servers} engine servers are started by sbatch.sh or by mimo-kit launch "
+               f"--servers {servers}; here, add engine_url=URL,... weight_sync=dist\n") if servers else ""
+    (out / "torchrun.sh").write_text(f"#!/bin/bash\n# run on every node (MASTER_ADDR: the first node)\n{engines}{tr}\n")
     (out / "sbatch.sh").write_text(sb)
     (out / "ray_job.sh").write_text(f"#!/bin/bash\n# RAY_ADDRESS: the Ray cluster (e.g. http://HEAD:8265)\n{rj}\n")
     return Prepared(experiment, out, yaml_path, tr, sb, rj, nnodes, nproc_per_node)
@@ -368,20 +464,43 @@ def prepare(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: in
 
 def launch(experiment: str, cfg: Config, *, nnodes: int = 1, nproc_per_node: int = 1,
            folder: str | Path | None = None, timeout: float | None = None, quiet: bool = False,
-           slurm: SlurmOptions | None = None) -> dict:
+           slurm: SlurmOptions | None = None, servers: int = 0, serve: Callable | None = None) -> dict:
     """Prepare the run and start it here: ``nnodes`` torchrun agents (simulated nodes) on 127.0.0.1.
 
     Each agent is ``python -m torch.distributed.run`` with the run's torchrun arguments and a c10d rendezvous on a
     free local port; they find each other as separate nodes would. Returns the run's ``result.json`` (written by
     rank 0) with the folder; a failed process raises with its exit codes and the end of its output.
+
+    ``servers`` = E (RL, Report §6) with ``serve``, a context manager ``serve(cfg, E, folder)`` that starts E
+    engine servers here and yields the config that trains with them
+    (:func:`mimo_kit.infra.local_servers.serving`, which this layer does not import): the job runs inside it and
+    takes the servers' addresses as ``key=value`` arguments, while ``config.yaml`` and the scripts left in the
+    folder stay ``cfg``'s with E servers on nodes of their own (:func:`prepare`). None of them points at the
+    servers, which stop with the run.
     """
+    if servers and serve is None:
+        raise ConfigError(f"launch: servers={servers} needs serve, the context manager that starts them here "
+                          "(mimo_kit.infra.local_servers.serving)")
+    prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder, slurm=slurm,
+                   servers=servers)
+    written = prep.config.read_text()
+    with serve(cfg, servers, prep.folder) if servers else contextlib.nullcontext(cfg) as served:
+        try:
+            return _run_here(prep, [f"{k}={_format(v)}" for k, v in served.diff(cfg).items()], timeout, quiet)
+        finally:  # the run records the config it ran (the servers' addresses) over config.yaml; the job's comes back
+            prep.config.write_text(written)
+
+
+def _run_here(prep: Prepared, overrides: list[str], timeout: float | None, quiet: bool) -> dict:
+    """The prepared job's torchrun agents on 127.0.0.1 with ``overrides`` on their command line, waited for."""
     from mimo_kit.dist import free_port
 
-    prep = prepare(experiment, cfg, nnodes=nnodes, nproc_per_node=nproc_per_node, folder=folder, slurm=slurm)
+    experiment, nnodes = prep.experiment, prep.nnodes
     port = free_port()
-    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc_per_node), "--rdzv-backend", "c10d",
+    args = ["--nnodes", str(nnodes), "--nproc-per-node", str(prep.nproc_per_node), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"local-{port}",
-            "-m", "mimo_kit.cli", "run", experiment, "--config", str(prep.config), "--out", str(prep.folder)]
+            "-m", "mimo_kit.cli", "run", experiment, "--config", str(prep.config), "--out", str(prep.folder),
+            *overrides]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.setdefault("OMP_NUM_THREADS", "1")  # P processes share the cores; torchrun's own default
     logs = [prep.folder / f"node{n}.log" for n in range(nnodes)]

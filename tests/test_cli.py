@@ -46,6 +46,37 @@ def test_console_script_runs(tmp_path):
     assert r.returncode == 0 and "| flash | 48 | 9 | 39 |" in r.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.outcome
+def test_every_run_writes_into_a_folder_of_its_own(tmp_path, monkeypatch, sft_file, capsys):
+    """Two identical `mimo-kit run rl` commands each train all their steps in their own folder (neither resumes the
+    other's checkpoint), another seed right after runs too, and naming a folder resumes that run."""
+    from conftest import TOY_SFT_STEPS
+
+    monkeypatch.chdir(tmp_path)
+    small = ["--preset", "toy", "steps=2", "prompts=4", "group_size=4", "eval_tasks=4", "eval_samples=1",
+             "progress=false", f"sft.steps={TOY_SFT_STEPS}"]  # the SFT warm start the suite's cache holds
+    for _ in range(2):
+        assert main(["run", "rl", *small]) == 0
+    assert main(["run", "rl", *small[:-1], "sft.steps=3", "seed=1"]) == 0
+    runs = sorted((tmp_path / "runs" / "rl").iterdir())
+    assert len(runs) == 3
+    for run in runs:  # everything a run writes is in its folder
+        steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1, 2] and (run / "sft.pt").is_file() and (run / "checkpoint").is_dir()
+        assert json.loads((run / "result.json").read_text())["steps"] == 2
+    assert sorted(p.name for p in (tmp_path / "runs" / "rl").iterdir()) == [p.name for p in runs]
+    # naming a finished run's folder resumes it: with more steps, only the new ones train
+    assert main(["run", "rl", "--out", str(runs[0]), *small[:2], "steps=3", *small[3:]]) == 0
+    steps = [json.loads(line)["step"] for line in (runs[0] / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_a_new_run_folder_is_never_one_that_exists(tmp_path):
+    made = [experiments.new_run_folder("x", tmp_path) for _ in range(5)]  # five in (about) one second
+    assert len(set(made)) == 5 and all(p.is_dir() and p.parent == tmp_path / "x" for p in made)
+
+
 def test_shell_command_round_trips_the_config():
     cfg = ScaleKnobsConfig.preset("tiny").override(["names=[small,pro]"])
     cmd = launch.shell_command("scale-knobs", cfg)

@@ -133,7 +133,7 @@ def test_generated_cluster_scripts_are_valid_and_absolute(tmp_path, monkeypatch,
     d = _directives(text)
     assert d["nodes"] == str(nnodes + servers) and d["job-name"] == "sft-9b" and d["time"] == "2-00:00:00"
     assert d["partition"] == "gpu" and d["account"] == "proj42" and d["chdir"] == str(tmp_path)
-    assert {"exclusive", "requeue"} <= d.keys() and d["signal"] == "B:TERM@120"
+    assert {"exclusive", "requeue"} <= d.keys() and d["signal"] == "B:USR1@120" and d["open-mode"] == "append"
     assert d["output"] == str(tmp_path / "runs" / "job" / "slurm-%j.out")
     body = [ln for ln in text.splitlines() if not ln.startswith("#")]
     assert body.index("source /shared/venv/bin/activate") < next(i for i, ln in enumerate(body) if "srun" in ln)
@@ -142,7 +142,7 @@ def test_generated_cluster_scripts_are_valid_and_absolute(tmp_path, monkeypatch,
     body_tr = [ln for ln in (prep.folder / "torchrun.sh").read_text().splitlines() if not ln.startswith("#")]
     paths = [tok for ln in body + body_tr for tok in shlex.split(ln, comments=True)
              if "config.yaml" in tok or "runs/job" in tok]
-    assert paths and all(p.lstrip(">").startswith("/") for p in paths), paths
+    assert paths and all(p.lstrip(">").split("=", 1)[-1].startswith("/") for p in paths), paths  # KEY=PATH too
     assert f"--nnodes={nnodes}" in text and "--nproc-per-node=4" in text
     ray = (prep.folder / "ray_job.sh").read_text()
     if servers and nnodes > 1:  # engine servers need nodes of their own: sbatch.sh places them, Ray is refused

@@ -188,3 +188,23 @@ def test_lora_targets_the_student_lacks_are_named(student_dir):
 
     with pytest.raises(ConfigError, match=r"StudentConfig.lora_targets: none of \['no_proj'\].*it has e.g."):
         load_student(StudentConfig(model=str(student_dir), lora=True, lora_targets=("no_proj",)))
+
+
+@pytest.mark.slow
+@pytest.mark.outcome
+def test_the_sft_checkpoint_is_reused_and_trained_again_for_another_config(tmp_path):
+    """``distill-rl``'s one SFT checkpoint: the same config reuses it without training; another config trains from
+    the start (the earlier run's trainer checkpoints, which it could not resume, are removed) instead of refusing."""
+    from mimo_kit.distill.rl import DistillRLConfig, sft_checkpoint
+
+    sft = {"steps": 2, "batch_size": 2, "max_length": 256, "save_steps": 1}
+    cfg = DistillRLConfig.preset("quick", out_dir=str(tmp_path), sft=sft)
+    model_dir, first = sft_checkpoint(cfg)
+    assert first["resumed_from"] == 0 and len(first["losses"]) == 2
+    stamp = (model_dir / "model.safetensors").stat().st_mtime_ns
+    assert sft_checkpoint(cfg) == (model_dir, first)
+    assert (model_dir / "model.safetensors").stat().st_mtime_ns == stamp  # not trained again
+    changed = DistillRLConfig.preset("quick", out_dir=str(tmp_path), sft={**sft, "lr": 1e-3})
+    _, second = sft_checkpoint(changed)
+    assert second["resumed_from"] == 0 and second["config"]["lr"] == 1e-3 and len(second["losses"]) == 2
+    assert second["losses"][0] == first["losses"][0] and second["losses"][1] != first["losses"][1]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1] / "mimo_kit"
 LAYERS: list[tuple[str, set[str]]] = [
     ("config", {"config"}),
     ("services", {"experiments", "results", "spread", "cache", "checkpoint", "corpus", "viz", "chapters", "claims",
-                  "nb", "dist", "launch", "ray_launch", "live"}),
+                  "nb", "dist", "launch", "ray_launch", "preempt", "live"}),
     ("model", {"model", "optim"}),
     ("model training", {"pretrain", "speculative"}),
     ("maths", {"rl"}),

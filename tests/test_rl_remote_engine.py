@@ -70,18 +70,21 @@ def test_engine_url_is_checked():
         RLConfig.preset("toy", engine_url="http://127.0.0.1:1", weight_sync="nccl")
 
 
-@pytest.mark.parametrize("async_steps, weight_sync", [(False, "disk"), (True, "dist")], ids=["sync", "async-dist"])
+@pytest.mark.parametrize("async_steps, weight_sync, group", [(False, "disk", "server"), (True, "dist", "server"),
+                                                              (False, "dist", "shared")],
+                         ids=["sync", "async-dist", "shared-group"])
 @pytest.mark.outcome
-def test_a_server_killed_mid_run_loses_no_group(tmp_path, async_steps, weight_sync):
+def test_a_server_killed_mid_run_loses_no_group(tmp_path, async_steps, weight_sync, group):
     """Two `mimo-kit serve` engines behind the rollout service; one is SIGKILLed once the first step is logged
     (with asynchronous steps the next batch is being generated then, and weights travel over a torch.distributed
     group): the later steps draw every group they asked for (re-played on the other server, none dropped, none
     twice), the service counts one engine left, and that server rolls out with the trainer's weights of each
-    version."""
+    version (with a shared weight group too: the dead server leaves it and it forms again without it)."""
     with local_servers(2, ["--rl-preset", "toy"]) as servers:
         cfg = RLConfig.preset("toy", engine_url=",".join(s.url for s in servers), steps=3, prompts=4, eval_tasks=2,
                               sft={"steps": 30}, checkpoint_every=0, progress=False, dynamic_sampling=False,
-                              out_dir=str(tmp_path), async_steps=async_steps, weight_sync=weight_sync)
+                              out_dir=str(tmp_path), async_steps=async_steps, weight_sync=weight_sync,
+                              weight_sync_group=group)
         metrics = tmp_path / "metrics.jsonl"
 
         def kill_after_step_one():

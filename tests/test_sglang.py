@@ -6,6 +6,7 @@ import http.server
 import json
 import math
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from mimo_kit.infra.engine import GenerationRequest
 from mimo_kit.infra.sglang import (
     SGLangEngine,
     SGLangError,
+    SGLangUnreachable,
     decode_routed_experts,
     encode_routed_experts,
     topp_from_top_logprobs,
@@ -250,3 +252,154 @@ def test_a_distributed_update_runs_inside_a_weight_update_session(fake):
     with SGLangEngine(older.url)._weight_update_session():
         pass
     assert older.paths()[-1] == "/begin_weight_update"
+
+
+# ---- sampling sets, group layout, disk folders, timeouts (sglang 0.5.23) -----------------------------------------
+#: a /generate answer carrying the sampling sets, keys as managers/tokenizer_manager.py's _handle_batch_output
+#: writes them from sampling/sampling_mask.py's SamplingMaskChunk.to_lists (selected mode: one logprob per token)
+MASKED = {"status": 200, "body": [{"text": "", "output_ids": [9, 4], "meta_info": {
+    "id": "m", "finish_reason": {"type": "length", "length": 2}, "weight_version": "default",
+    "output_token_logprobs": [[-1.2, 9, None], [-0.01, 4, None]],
+    "output_token_sampling_mask": [[7, 9, 2], [4]],
+    "output_token_sampling_logprobs": [math.log(0.3 / 0.9), 0.0], "output_token_sampling_mask_length": 2}}]}
+
+
+def test_the_server_s_sampling_sets_are_exact_candidates(fake):
+    srv = fake({"/model_info": model_info("m"), "/generate": MASKED})
+    eng = SGLangEngine(srv.url, vocab_size=50_000)
+    (out,) = eng.generate([GenerationRequest("m", [1, 2], 2, temperature=1.0, top_p=0.95, return_candidates=True)])
+    sent = srv.seen[-1][3]
+    assert sent["return_sampling_mask"] == [True] and sent["top_logprobs_num"] > 0  # the fallback asked too
+    assert out.candidates == [[7, 9, 2], [4]] and out.candidates_truncated == [False, False]
+    assert out.logprobs == pytest.approx([math.log(0.3 / 0.9), 0.0])  # log π(a | a ∈ C), the server's
+    eng.generate([GenerationRequest("m", [1, 2], 2, temperature=1.0, top_p=0.95, return_candidates=True)])
+    assert srv.seen[-1][3]["top_logprobs_num"] == 0  # the server returns sets: no top logprobs any more
+    # no cut and a vocabulary past the server's --sampling-mask-max-tokens: the whole vocabulary would abort it,
+    # so the set is rebuilt from top logprobs
+    srv.routes["/generate"] = FIXTURES["generate_top_logprobs"]
+    (rebuilt,) = eng.generate([GenerationRequest("t", [1, 2], 1, temperature=1.0, top_p=1.0, return_candidates=True)])
+    assert "return_sampling_mask" not in srv.seen[-1][3] and srv.seen[-1][3]["top_logprobs_num"] > 0
+    assert rebuilt.candidates_truncated == [True]  # the whole vocabulary is not in the top logprobs
+
+
+def test_a_set_rebuilt_under_top_k_and_top_p_is_flagged(fake):
+    """SGLang cuts top-k and top-p jointly on the raw distribution; the rebuild from top logprobs renormalises
+    after the top-k cut, so under both cuts it is flagged, never passed off as SGLang's set."""
+    srv = fake({"/model_info": model_info("m"), "/generate": FIXTURES["generate_top_logprobs"]})
+    eng = SGLangEngine(srv.url, vocab_size=16)
+    (both,) = eng.generate([GenerationRequest("t", [1, 2], 1, temperature=1.0, top_p=0.75, top_k=3,
+                                              return_candidates=True)])
+    assert both.candidates_truncated == [True]
+
+
+def _dist_server(fake, info, seen_init):
+    def init(body, headers):
+        seen_init.append(body)
+        return {"status": 400, "body": {"success": False, "message": "Failed to initialize custom process group."}}
+    return fake({"/model_info": model_info("m"), "/server_info": {"status": 200, "body": info},
+                 "/init_weights_update_group": init})
+
+
+def test_a_tensor_parallel_server_gets_a_group_of_one_plus_its_tp_ranks(fake):
+    """The group's world is the learner plus every TP rank; a second server of one WeightBroadcast starts after
+    the first's ranks. (The servers refuse the group here; what they were asked is the point.)"""
+    from mimo_kit.infra.sglang import WeightBroadcast
+
+    seen = []
+    a = SGLangEngine(_dist_server(fake, {"tp_size": 2, "dp_size": 1}, seen).url, weight_sync="dist",
+                     group_timeout_s=2)
+    b = SGLangEngine(_dist_server(fake, {"tp_size": 1, "dp_size": 1}, seen).url, weight_sync="dist",
+                     group_timeout_s=2)
+    assert (a.tp_size, b.tp_size) == (2, 1)
+    with pytest.raises(SGLangError, match="initialize"):
+        a.update_weights({"w": torch.ones(2)}, 1)
+    assert [(x["world_size"], x["rank_offset"]) for x in seen] == [(3, 1)]
+    seen.clear()
+    c = SGLangEngine(_dist_server(fake, {"tp_size": 2}, seen).url, weight_sync="dist", group_timeout_s=2)
+    WeightBroadcast([c, b])
+    with pytest.raises(SGLangError, match="initialize"):
+        c.update_weights({"w": torch.ones(2)}, 1)
+    time.sleep(1.0)  # the first refusal returns at once: the other member's request may land after it
+    asked = [(x["world_size"], x["rank_offset"]) for x in seen]
+    assert set(asked[:2]) == {(4, 1), (4, 3)}  # one group: c's two ranks at 1 and 2, b's one at 3
+    # a member still waiting when the other refused is asked again alone (world 1 + its TP size)
+    assert set(asked[2:]) <= {(3, 1), (2, 1)} and len(asked) <= 3
+    with pytest.raises(SGLangError, match="initialize"):
+        b.update_weights({"w": torch.ones(2)}, 1)  # the same version: its failure, not sent again
+    assert len(seen) == len(asked)
+
+
+def test_a_server_sglang_will_not_update_over_a_group_is_refused_by_name(fake):
+    dp = fake({"/model_info": model_info("m"), "/server_info": {"status": 200, "body": {"tp_size": 2, "dp_size": 2}}})
+    with pytest.raises(ValueError, match=r"dp_size=2.*data.parallel.*weight_sync='disk'"):
+        SGLangEngine(dp.url, weight_sync="dist")
+    assert SGLangEngine(dp.url).weight_sync == "disk"  # the disk path stays open
+    pp = fake({"/model_info": model_info("m"), "/server_info": {"status": 200, "body": {"tp_size": 1, "pp_size": 2}}})
+    with pytest.raises(ValueError, match="pp_size=2"):
+        SGLangEngine(pp.url, weight_sync="dist")
+    bare = fake({"/model_info": model_info("m")})  # no /server_info, no /get_server_info
+    with pytest.raises(SGLangError, match="tp_size="):
+        SGLangEngine(bare.url, weight_sync="dist")
+    assert SGLangEngine(bare.url, weight_sync="dist", tp_size=4).tp_size == 4
+    old = fake({"/model_info": model_info("m"), "/get_server_info": {"status": 200, "body": {"tp_size": 2}}})
+    assert SGLangEngine(old.url, weight_sync="dist").tp_size == 2
+    for bad in ({"tp_size": 0}, {"timeout": 0}, {"tries": 0}, {"sync_backend": "mpi"}, {"sync_dtype": torch.int8}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SGLangEngine(old.url, **bad)
+
+
+def test_each_weights_folder_stays_until_the_next_version_is_adopted(fake, tmp_path):
+    from safetensors.torch import load_file
+
+    adopted = []
+
+    def load(body, headers):
+        adopted.append(body["model_path"])
+        ok = "v3" not in body["model_path"]
+        return FIXTURES["update_weights_from_disk_ok" if ok else "update_weights_from_disk_failed"]
+    srv = fake({"/model_info": model_info("m"), "/update_weights_from_disk": load})
+    eng = SGLangEngine(srv.url, weights_dir=tmp_path, sync_dtype=torch.bfloat16)
+    state = {"w": torch.randn(3, 3, generator=torch.Generator().manual_seed(0)), "steps": torch.tensor([5]),
+             "h": torch.ones(2, dtype=torch.float16)}
+    eng.update_weights(state, 1)
+    assert (tmp_path / "v1" / "model.safetensors").exists()  # the server serves from it now
+    eng.update_weights(state, 2)
+    assert not (tmp_path / "v1").exists() and (tmp_path / "v2" / "model.safetensors").exists()
+    saved = load_file(tmp_path / "v2" / "model.safetensors")
+    assert saved["w"].dtype == torch.bfloat16 and torch.equal(saved["w"], state["w"].to(torch.bfloat16))
+    assert saved["steps"].dtype == torch.int64 and saved["h"].dtype == torch.float16  # narrowed only, never widened
+    with pytest.raises(ValueError, match="repository not found"):
+        eng.update_weights(state, 3)
+    assert not (tmp_path / "v3").exists() and (tmp_path / "v2").exists()  # refused: the server still serves v2
+    assert adopted == [str(tmp_path / f"v{i}") for i in (1, 2, 3)]
+
+
+def test_a_timed_out_request_is_sent_again_then_the_engine_is_gone(fake, monkeypatch):
+    """A /generate the server does not answer in time is sent again under fresh request ids (the stale ones
+    aborted first); after the last try the engine is unreachable."""
+    import mimo_kit.infra.sglang as sg
+
+    monkeypatch.setattr(sg, "RETRY_BACKOFF_S", 0.05)
+    calls = []
+
+    def slow_then_fast(body, headers):
+        calls.append(body["rid"])
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return {"status": 200, "body": [{"output_ids": [3], "meta_info": {
+            "id": body["rid"][0], "finish_reason": {"type": "length", "length": 1}, "weight_version": "default",
+            "output_token_logprobs": [[-0.1, 3, None]]}}]}
+    srv = fake({"/model_info": model_info("m"), "/generate": slow_then_fast,
+                "/abort_request": {"status": 200, "body": {}}})
+    eng = SGLangEngine(srv.url, timeout=0.3, tries=2)
+    (out,) = eng.generate([GenerationRequest("r", [1], 1)])
+    assert out.request_id == "r" and out.token_ids == [3]
+    assert calls == [["r"], ["r~retry1"]]
+    assert [b for _, p, _, b in srv.seen if p == "/abort_request"] == [{"rid": "r"}]
+
+    def never(body, headers):
+        time.sleep(1.0)
+        return FIXTURES["generate_batch"]
+    gone = fake({"/model_info": model_info("m"), "/generate": never, "/abort_request": {"status": 200, "body": {}}})
+    with pytest.raises(SGLangUnreachable, match=r"within 0.3 s \(2 tries\)"):
+        SGLangEngine(gone.url, timeout=0.3, tries=2).generate([GenerationRequest("r", [1], 1)])

@@ -4,7 +4,8 @@
     mimo-kit results make-traces                # publish data/distill/traces_{code,cyber,general,visual}.jsonl
     mimo-kit run distill-sft --preset tiny      # SFT of a tiny Qwen3.5 on the shipped traces
     mimo-kit run distill-sft lora=true
-    mimo-kit launch distill-sft --nnodes 4 --nproc-per-node 8 --dry-run model=/models/Qwen3.5-9B bf16=true
+    mimo-kit run distill-sft --out runs/sft     # the same line after a kill resumes from its last checkpoint
+    # the 9B run on 1 or 4 nodes: the lines of recipe_9b_command(nnodes) (mimo_kit.distill.sft), docs/cluster.md
     mimo-kit run distill-rl --preset tiny       # Table 6's form: base / SFT / SFT + RL per domain, 3 RL seeds
     mimo-kit results distill-rl                 # publish data/distill/distill_rl_tiny.{json,md,png}
 

@@ -81,7 +81,11 @@ class DistillRLConfig(Config):
 
 
 def sft_checkpoint(cfg: DistillRLConfig) -> tuple[Path, dict]:
-    """``out_dir/sft/model``: trained once, reused while ``sft`` (the config) is unchanged."""
+    """``out_dir/sft/model``: trained once, reused while ``sft`` (the config) is unchanged. A run killed before its
+    summary resumes from its last checkpoint; a finished one of another config is trained again from the start (its
+    checkpoints, which the new run could not resume, are removed)."""
+    import shutil
+
     out = Path(cfg.out_dir) / "sft"
     summary = out / "summary.json"
     sft = dataclasses.replace(cfg.sft, out_dir=str(out))
@@ -89,6 +93,7 @@ def sft_checkpoint(cfg: DistillRLConfig) -> tuple[Path, dict]:
         saved = json.loads(summary.read_text())
         if saved.get("config") == sft.to_dict() and (out / "model" / "config.json").is_file():
             return out / "model", saved
+        shutil.rmtree(out / "trainer", ignore_errors=True)
     result = run_distill_sft(sft)
     result["config"] = sft.to_dict()
     summary.write_text(json.dumps(result, indent=1) + "\n")

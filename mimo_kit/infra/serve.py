@@ -5,12 +5,20 @@ The subset :class:`~mimo_kit.infra.sglang.SGLangEngine` uses (Report §6 "Engine
 ``POST /generate``, ``POST /abort_request``, ``POST /update_weights_from_disk``, ``POST /pause_generation``,
 ``POST /continue_generation``, ``GET|POST /flush_cache``, ``GET /health``, ``GET /health_generate``,
 ``GET /ready``, ``GET /model_info`` (and its deprecated alias ``/get_model_info``), ``GET /server_info`` (and
-``/get_server_info``), and weight sync over a torch.distributed group (:mod:`mimo_kit.infra.weight_sync`):
-``POST /init_weights_update_group``, ``POST /begin_weight_update``, ``POST /update_weights_from_distributed``
-(inside a begin/end session, as 0.5.23 requires), ``POST /end_weight_update``,
-``POST /destroy_weights_update_group``. Token-in/token-out only (``input_ids``; no tokenizer, like SGLang's
-``--skip-tokenizer-init``). There is no ``/get_weight_version`` (0.5.23 removed it): the version is in
-``/model_info`` and in every answer's ``meta_info``.
+``/get_server_info``; with SGLang's ``tp_size`` / ``dp_size`` / ``pp_size``, all 1: one process), and weight sync
+over a torch.distributed group (:mod:`mimo_kit.infra.weight_sync`): ``POST /init_weights_update_group`` (the
+server joins as rank ``rank_offset``, its only TP rank), ``POST /begin_weight_update``,
+``POST /update_weights_from_distributed`` (inside a begin/end session, as 0.5.23 requires),
+``POST /end_weight_update``, ``POST /destroy_weights_update_group``. Token-in/token-out only (``input_ids``; no
+tokenizer, like SGLang's ``--skip-tokenizer-init``). There is no ``/get_weight_version`` (0.5.23 removed it): the
+version is in ``/model_info`` and in every answer's ``meta_info``.
+
+Device (``--device``): the model and its forwards live on ``cpu`` or ``cuda`` (``auto``: CUDA when there is one).
+Weights sent over a group are received into tensors where the backend needs them: on that CUDA device under
+``nccl`` (which carries CUDA tensors only, so a CPU server refuses it), on the CPU under ``gloo``; they are then
+copied into the model. Sampling sets (``return_sampling_mask``): the server knows them, so it returns them as 0.5.23
+does (``output_token_sampling_mask``, ``output_token_sampling_logprobs`` in the selected mode), computed from the
+logits each token was drawn from with the sampler's own truncation.
 
 Server: ``aiohttp.web`` (installed with the kit's dependencies): handlers stay on one event loop, so an
 ``/abort_request`` is served while a ``/generate`` decodes. Generation runs on **one** worker thread (the model is
@@ -26,7 +34,7 @@ Errors as SGLang answers them: malformed JSON or wrong field types → 400 with 
 rejects (ids out of vocabulary, bad sampling parameters) → 400 with {"error": {"message"}}
 (``_create_error_response``), for the whole batch; a failed weight update → 400 with {"success": false, "message"}.
 
-Kit extension (not in SGLang): ``tokens_generated`` in ``/server_info``.
+Kit extension (not in SGLang): ``tokens_generated`` and ``device`` in ``/server_info``.
 """
 
 from __future__ import annotations
@@ -116,6 +124,32 @@ def load_model(path: str | Path) -> torch.nn.Module:
 
 
 # ---- the engine side --------------------------------------------------------------------------------------
+def sampling_sets(step_logits: list[torch.Tensor], tokens: list[int], temperature: float, top_k: int,
+                  top_p: float) -> tuple[list[list[int]], list[float]]:
+    """Each drawn token's sampling set and its logprob within that set, as sglang 0.5.23's sampler reports them
+    (``layers/sampler.py``: the ids of positive weight after top-k/top-p, most likely first, and
+    log(p_a / Σ_{c ∈ C} p_c); greedy: the token alone and 0). The set is the kit sampler's own
+    (:func:`~mimo_kit.model.generate.truncate_logits` of z / T), from the logits [V] the token was drawn from: the
+    set this server sampled from. It equals SGLang's under one cut; under top-k and top-p together the kit
+    renormalises after the top-k cut where SGLang cuts both on the raw distribution, so SGLang's set can be larger
+    (``tests/test_sglang_wheel.py``)."""
+    from mimo_kit.model.generate import truncate_logits
+
+    sets, within = [], []
+    for z, tok in zip(step_logits, tokens):
+        if temperature == 0:
+            sets.append([int(tok)])
+            within.append(0.0)
+            continue
+        scaled = z.float() / temperature
+        ids = torch.isfinite(truncate_logits(scaled[None], top_k, top_p))[0].nonzero()[:, 0]
+        lsm = scaled.log_softmax(-1)
+        ids = ids[lsm[ids].argsort(descending=True, stable=True)]
+        sets.append(ids.tolist())
+        within.append(float(lsm[tok] - torch.logsumexp(lsm[ids], 0)))
+    return sets, within
+
+
 class _RecordingEngine(InProcessEngine):
     """InProcessEngine that keeps each decode step's logits [B, V] (for ``output_top_logprobs``)."""
 
@@ -141,6 +175,7 @@ class _Item:
     top_logprobs_num: int
     logprob_start_len: int
     seed: int | None
+    return_sampling_mask: bool = False
 
 
 class KitServer:
@@ -153,6 +188,7 @@ class KitServer:
     def __init__(self, model: torch.nn.Module, *, model_path: str | None = None, seed: int = 0,
                  prefix_cache_bytes: int = 0):
         self.engine = _RecordingEngine(model, seed=seed, copy_weights=False, prefix_cache_bytes=prefix_cache_bytes)
+        self.device = next(self.engine.model.parameters()).device  # the model's, where its forwards run
         self.model_path = model_path
         self.vocab_size = int(self.engine.model.get_output_embeddings().weight.shape[0]) if not self.engine.is_kit \
             else self.engine.model.config.vocab_size
@@ -163,7 +199,8 @@ class KitServer:
         self.cut: set[str] = set()  # rids to abort at the next decode step
         self.running = threading.Event()  # set: not paused
         self.running.set()
-        self.groups: dict[str, Any] = {}  # weight-update process groups by name (mimo_kit.infra.weight_sync)
+        self.groups: dict[str, tuple[Any, str]] = {}  # weight-update groups by name → (WeightGroup, backend)
+        self.receiving: set[str] = set()  # groups a /update_weights_from_distributed is receiving on
 
     # -- parsing --------------------------------------------------------------------------------------------
     def parse_generate(self, body: Any) -> tuple[list[_Item], bool]:
@@ -205,9 +242,9 @@ class KitServer:
         if len(rids) != n or not all(isinstance(r, str) for r in rids):
             raise BadRequest(f"rid must be a string (or one per prompt: {n})")
         items = []
-        for i, (prompt, rid, sp, lp, top, start) in enumerate(zip(
+        for i, (prompt, rid, sp, lp, top, start, mask) in enumerate(zip(
                 prompts, rids, per("sampling_params", {}), per("return_logprob", False),
-                per("top_logprobs_num", 0), per("logprob_start_len", -1))):
+                per("top_logprobs_num", 0), per("logprob_start_len", -1), per("return_sampling_mask", False))):
             if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
                 raise BadRequest(f"input_ids[{i}] must be a non-empty list of integers")
             bad = [t for t in prompt if not 0 <= t < self.vocab_size]
@@ -216,13 +253,16 @@ class KitServer:
                                  f"[0, {self.vocab_size}).")
             if not isinstance(top, int) or top < 0 or not isinstance(start, int):
                 raise BadRequest(f"top_logprobs_num={top!r} (int >= 0) and logprob_start_len={start!r} (int) expected")
+            if not isinstance(mask, bool):
+                raise BadRequest(f"return_sampling_mask={mask!r}: a boolean (or one per prompt) expected")
             items.append(self._item(rid, prompt, sp, bool(lp), int(top), int(start),
-                                    bool(body.get("return_routed_experts", False))))
+                                    bool(body.get("return_routed_experts", False)), mask))
         if len(set(r.request.request_id for r in items)) != n:
             raise BadRequest("rid values in a batch must be distinct")
         return items, batch
 
-    def _item(self, rid: str, prompt: list[int], sp: Any, lp: bool, top: int, start: int, routed: bool) -> _Item:
+    def _item(self, rid: str, prompt: list[int], sp: Any, lp: bool, top: int, start: int, routed: bool,
+              mask: bool = False) -> _Item:
         if not isinstance(sp, dict):
             raise BadRequest("sampling_params must be an object")
         sp = dict(sp)
@@ -261,7 +301,7 @@ class KitServer:
             raise BadRequest(str(e)) from e
         if routed and not self.engine.is_kit:
             raise BadRequest("return_routed_experts needs a MoE model that records its routing (the kit decoder)")
-        return _Item(req, lp, top, start, seed)
+        return _Item(req, lp, top, start, seed, mask)
 
     # -- running (worker thread) ------------------------------------------------------------------------------
     def _on_step(self, rids: set[str]) -> None:
@@ -318,6 +358,11 @@ class KitServer:
                 meta["output_top_logprobs"] = rows
             if it.logprob_start_len >= 0:
                 meta["input_token_logprobs"] = self._input_logprobs(r.prompt_ids, it.logprob_start_len)
+        if it.return_sampling_mask:  # 0.5.23's meta_info keys (managers/tokenizer_manager.py), selected mode
+            sets, within = sampling_sets(getattr(o, "step_logits", [])[:n], o.token_ids, r.temperature, r.top_k,
+                                         r.top_p)
+            meta.update({"output_token_sampling_mask": sets, "output_token_sampling_logprobs": within,
+                         "output_token_sampling_mask_length": len(sets)})
         if r.return_routed_experts and o.routed_experts is not None:
             from mimo_kit.infra.sglang import encode_routed_experts
 
@@ -366,8 +411,8 @@ class KitServer:
 
     # -- weight sync over a torch.distributed group (SGLang's protocol, mimo_kit.infra.weight_sync) ----------
     def run_init_group(self, body: Any) -> tuple[int, dict[str, Any]]:
-        """``/init_weights_update_group``: join a group as rank ``rank_offset`` (one process, no tensor parallelism);
-        blocks until every member joined."""
+        """``/init_weights_update_group``: join a group as rank ``rank_offset`` (one process: TP rank 0 of 1),
+        formed as SGLang forms it; blocks until every member joined. ``nccl`` needs this server on CUDA."""
         from mimo_kit.infra.weight_sync import DEFAULT_GROUP, weight_group
 
         if not isinstance(body, dict):
@@ -378,9 +423,13 @@ class KitServer:
         name, backend = body.get("group_name", DEFAULT_GROUP), body.get("backend", "nccl")
         if name in self.groups:
             return 400, {"success": False, "message": f"group {name!r} exists already; destroy it first"}
+        if backend == "nccl" and self.device.type != "cuda":
+            return 400, {"success": False, "message": f"Failed to init group: backend 'nccl' carries CUDA tensors "
+                         f"and this server runs on {self.device.type}; start it with --device cuda, or send "
+                         "backend 'gloo'"}
         try:
-            self.groups[name] = weight_group(body["master_address"], body["master_port"], body["rank_offset"],
-                                             body["world_size"], group_name=name, backend=backend)
+            self.groups[name] = (weight_group(body["master_address"], body["master_port"], body["rank_offset"],
+                                              body["world_size"], group_name=name, backend=backend), backend)
         except (ValueError, RuntimeError, OSError) as e:  # a bad backend or rank, or the learner never came
             return 400, {"success": False, "message": f"Failed to init group: {e}"}
         return 200, {"success": True, "message": "Succeeded to initialize custom process group."}
@@ -400,7 +449,7 @@ class KitServer:
         if not self.weight_session:  # sglang 0.5.23's weight updater, same message
             return 400, {"success": False, "message": "update_weights_from_distributed must run between "
                          "begin_weight_update() and end_weight_update()"}
-        group = self.groups.get(body.get("group_name", DEFAULT_GROUP))
+        group, backend = self.groups.get(body.get("group_name", DEFAULT_GROUP), (None, None))
         fail = lambda msg: (400, {"success": False, "message": f"Failed to update weights: {msg}"})  # noqa: E731
         if group is None:
             return fail(f"no group {body.get('group_name', DEFAULT_GROUP)!r}; call /init_weights_update_group first")
@@ -417,11 +466,14 @@ class KitServer:
                             f"the request says {shape}")
         if body.get("abort_all_requests"):
             self.abort(None, True)
-        device = next(self.engine.model.parameters()).device
-        try:
-            got = receive(group, names, dtypes, shapes, device)
+        name = body.get("group_name", DEFAULT_GROUP)
+        self.receiving.add(name)
+        try:  # nccl carries CUDA tensors (the model's device), gloo receives on the CPU; the load copies them over
+            got = receive(group, names, dtypes, shapes, self.device if backend == "nccl" else "cpu")
         except RuntimeError as e:  # the learner went away mid-broadcast
             return fail(f"broadcast failed: {e}")
+        finally:
+            self.receiving.discard(name)
         with self.lock:
             return self._load(lambda: {**own, **got}, body.get("weight_version"))
 
@@ -429,8 +481,13 @@ class KitServer:
         from mimo_kit.infra.weight_sync import DEFAULT_GROUP
 
         name = (body or {}).get("group_name", DEFAULT_GROUP) if isinstance(body, dict) else DEFAULT_GROUP
-        if self.groups.pop(name, None) is None:
-            return 400, {"success": False, "message": f"no group {name!r}"}
+        group, _ = self.groups.pop(name, (None, None))
+        if group is None:
+            return 400, {"success": False, "message": "The group to be destroyed does not exist."}
+        try:  # a group still receiving (its learner gave up halfway) is abandoned: shutting it down would wait
+            group.abandon() if name in self.receiving else group.destroy()
+        except (RuntimeError, ValueError) as e:
+            return 400, {"success": False, "message": f"Failed to destroy custom process group: {e}."}
         return 200, {"success": True, "message": "Succeeded to destroy custom process group."}
 
     # -- control (event loop) --------------------------------------------------------------------------------
@@ -497,6 +554,7 @@ def build_app(server: KitServer):
 
     async def server_info(request: web.Request) -> web.Response:
         return web.json_response({"model_path": server.model_path, "version": "mimo-kit", "frontend": "python",
+                                  "tp_size": 1, "dp_size": 1, "pp_size": 1, "device": server.device.type,
                                   "weight_version": str(server.engine.policy_version),
                                   "tokens_generated": server.engine.tokens_generated,
                                   "paused": not server.running.is_set(), "inflight": len(server.inflight)})
@@ -609,13 +667,17 @@ def build_app(server: KitServer):
 
 def serve(model: torch.nn.Module, *, host: str = "127.0.0.1", port: int = 30000, allow_remote: bool = False,
           model_path: str | None = None, seed: int = 0, api_key: str | None = None,
-          admin_api_key: str | None = None, prefix_cache_bytes: int = 0) -> None:
+          admin_api_key: str | None = None, prefix_cache_bytes: int = 0, device: str = "auto") -> None:
     """Run the server until interrupted (blocking); ``prefix_cache_bytes`` > 0: the engine keeps each finished
-    request's KV and prefills a prompt that extends one over its suffix only (:mod:`mimo_kit.infra.prefix_cache`)."""
+    request's KV and prefills a prompt that extends one over its suffix only (:mod:`mimo_kit.infra.prefix_cache`);
+    ``device``: ``auto`` (CUDA when there is one), ``cpu`` or ``cuda``, where the model runs."""
     from aiohttp import web
 
+    from mimo_kit.dist import resolve_device
+
     check_host(host, allow_remote)
-    server = KitServer(model, model_path=model_path, seed=seed, prefix_cache_bytes=prefix_cache_bytes)
+    server = KitServer(model.to(resolve_device(device)), model_path=model_path, seed=seed,
+                       prefix_cache_bytes=prefix_cache_bytes)
     server.api_key, server.admin_api_key = api_key or None, admin_api_key or None
     app = build_app(server)
     print(f"mimo-kit serve: http://{host}:{port} (SGLang native API subset)", flush=True)

@@ -145,6 +145,11 @@ class RLConfig(Config):
                                  "'dist'): loopback for servers on this machine; this node's address on a cluster, "
                                  "or 'auto' = the node rank 0 runs on (torchrun's MASTER_ADDR, else this host's "
                                  "name: a Slurm job's nodes)")
+    weight_sync_group: str = knob("server", "weight_sync='dist' with several servers: 'server' = one group per "
+                                  "server (a dead server fails only its own sync); 'shared' = one group for all, each "
+                                  "tensor broadcast once (a dead server leaves it; the group forms again without it)")
+    engine_timeout_s: float = knob(600.0, "seconds a server may take to answer one request before it is sent again (a "
+                                   "/generate of a whole batch on a large model takes minutes)", min=1.0)
     engines: int = knob(1, "rollout engines on rank 0 (Report §6: many engines): > 1 = a RolloutService of that "
                         "many in-process engines, one rollout loop each (several engine_url servers set it)", min=1)
     pool: str = knob("", "where the episodes live (Report §6 harness pool): '' = the trainer's process; 'local' = a "
@@ -207,6 +212,8 @@ class RLConfig(Config):
         if self.weight_sync == "dist" and not self.engine_urls:
             raise ConfigError("RLConfig.weight_sync='dist' without engine_url: in-process engines take a copy of "
                               "the weights; set engine_url to the servers or weight_sync='disk'")
+        if self.weight_sync_group not in ("server", "shared"):
+            raise ConfigError(f"RLConfig.weight_sync_group={self.weight_sync_group!r}; expected 'server' or 'shared'")
         if self.pool not in ("", "local", "ray"):
             raise ConfigError(f"RLConfig.pool={self.pool!r}; expected '' (episodes in the trainer), 'local' or 'ray'")
         if self.pool and self.staleness > 0:

@@ -62,8 +62,12 @@ def make_engine(model, cfg: RLConfig, world: Any, d: Dist) -> InProcessEngine | 
     if cfg.n_engines > 1:  # Report §6: several engines behind one play(), one rollout loop each
         from mimo_kit.infra.service import RolloutService
 
-        return RolloutService([one_engine(model, cfg, world, d, i) for i in range(cfg.n_engines)],
-                              kv_capacity=cfg.engine_kv_tokens, margin=cfg.mixing.kv_margin)
+        engines = [one_engine(model, cfg, world, d, i) for i in range(cfg.n_engines)]
+        if cfg.engine_urls and cfg.weight_sync == "dist" and cfg.weight_sync_group == "shared":
+            from mimo_kit.infra.sglang import WeightBroadcast
+
+            WeightBroadcast(engines)  # one group for every server: each tensor broadcast once per version
+        return RolloutService(engines, kv_capacity=cfg.engine_kv_tokens, margin=cfg.mixing.kv_margin)
     return one_engine(model, cfg, world, d, 0)
 
 
@@ -76,15 +80,18 @@ def sync_host(host: str) -> str:
 def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
     """Engine i: the i-th server of ``engine_url``, else an in-process engine sampling from seed ``seed + i``."""
     if cfg.engine_urls:  # out of process: a SGLang-API server; each version goes through a folder or a group
+        from mimo_kit.dist import resolve_precision
         from mimo_kit.infra.sglang import SGLangEngine
 
         folder = Path(cfg.out_dir) / "engine_weights" / (f"engine{i}" if cfg.n_engines > 1 else "")
         mcfg = getattr(model, "config", None)  # the model facts SGLang's /model_info does not carry
-        eng = SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, weights_dir=folder, weight_sync=cfg.weight_sync,
+        # weights travel in the learner's compute dtype (bf16 on CUDA), over nccl from a CUDA learner
+        eng = SGLangEngine(cfg.engine_urls[i], seed=cfg.seed + i, timeout=cfg.engine_timeout_s, weights_dir=folder,
+                           weight_sync=cfg.weight_sync,
                            vocab_size=getattr(mcfg, "vocab_size", None),
                            experts_per_token=getattr(mcfg, "num_experts_per_tok", None),
                            sync_address=sync_host(cfg.weight_sync_host), sync_backend="nccl" if d.device.type == "cuda"
-                           else "gloo")
+                           else "gloo", sync_dtype=resolve_precision(cfg.precision, d.device))
         eng.policy_version = 0  # this run counts its versions from 0, whatever the server served before it
         return eng
     sharded = uses_fsdp(d, cfg.fsdp)

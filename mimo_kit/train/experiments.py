@@ -1,6 +1,6 @@
 """Chapters 4–5's RL runs and the report's RL experiments on the toy world, for ``mimo-kit run`` (Report §4–5).
 
-    mimo-kit run rl --preset tiny                       # SFT warm start + RL (resumes from runs/rl)
+    mimo-kit run rl --preset tiny                       # SFT warm start + RL → runs/rl/<time>/
     mimo-kit run rl --preset tiny advantage=gar         # the same with GAR and the rule-based group grader
     mimo-kit run rl-gar-ablation --preset tiny          # binary reward vs GAR (Report §4.3.2, Fig. 8)
     mimo-kit run rl-router-freeze --preset tiny         # trainable vs frozen router + the reset test (§5.4)
@@ -11,7 +11,9 @@
 
 Each comparison runs once per seed of ``CompareConfig.seeds``: for seed k it trains one SFT policy (``base.seed =
 k``; ``base.seed`` itself is not used) and starts every arm from it (same seed, same task stream), keeping the run
-folders under ``runs/<experiment>/seed<k>/<arm>/`` (the seed's ``sft.pt`` in ``runs/<experiment>/seed<k>/``).
+folders under ``<out_dir>/<experiment>/seed<k>/<arm>/`` (the seed's ``sft.pt`` in ``<out_dir>/<experiment>/seed<k>/``);
+``mimo-kit run`` puts ``out_dir`` in the run's own folder, ``runs/<experiment>/<time>/``, and ``--out FOLDER``
+resumes the arms a run of that folder finished.
 ``mimo-kit results`` publishes a finished run's result as ``data/rl/<name>_<preset>.json`` (:data:`RESULTS_DIR`,
 read by chapter 5a); running an experiment never writes there.
 

@@ -68,6 +68,7 @@ from mimo_kit.infra.engine import InProcessEngine
 from mimo_kit.infra.partial import version_lag
 from mimo_kit.infra.timeline import Timeline, recording, span
 from mimo_kit.live import LiveLog
+from mimo_kit.preempt import StopRequest
 from mimo_kit.rl.losses import EntropyClipController
 from mimo_kit.rl.trajectory import Sample, save_jsonl
 from mimo_kit.train.collection import Collected, StepBatches, TaskStream, generated_tokens
@@ -207,13 +208,22 @@ def _cached_sft(key: dict, d: Dist) -> dict | None:
 
 #: fields a resumed run may change: they do not alter what the first steps computed
 RESUMABLE = ("steps", "progress", "checkpoint_every", "out_dir", "threads", "device", "precision",
-             "activation_checkpointing", "fsdp", "collective_timeout_s", "weight_sync", "weight_sync_host")
+             "activation_checkpointing", "fsdp", "collective_timeout_s", "weight_sync", "weight_sync_host",
+             "weight_sync_group", "engine_timeout_s")
+#: fields a resume compares by what they count, not by their text: ``engine_url``'s hosts and ports are where the
+#: servers run (a requeued job's land on other nodes), but their number is how many engines the groups were placed
+#: on and how many engine states the checkpoint holds, so it must stay
+COUNTED = {"engine_url": lambda url: f"{len([u for u in url.split(',') if u.strip()])} server(s)"}
 
 
 def _same_run(saved: dict, cfg: RLConfig, path: Path) -> None:
-    """A checkpoint resumes only the run that wrote it; any other changed field raises, naming it."""
-    now = cfg.to_dict()
-    diff = sorted(k for k in set(saved) | set(now) if k not in RESUMABLE and saved.get(k) != now.get(k))
+    """A checkpoint resumes only the run that wrote it; any other changed field raises, naming it. The fields of
+    :data:`RESUMABLE` may change, those of :data:`COUNTED` as long as their count stays."""
+    def identity(c: dict) -> dict:
+        return {k: COUNTED[k](v) if k in COUNTED else v for k, v in c.items() if k not in RESUMABLE}
+
+    saved, now = identity(saved), identity(cfg.to_dict())
+    diff = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if diff:
         raise ConfigError(f"{path} was written by a run with different {', '.join(diff)} "
                           f"(saved {[saved.get(k) for k in diff]!r}, now {[now.get(k) for k in diff]!r}); "
@@ -356,6 +366,7 @@ def run_rl(cfg: RLConfig) -> dict:
     if d.is_main:
         out.mkdir(parents=True, exist_ok=True)
     with torch_threads(cfg.threads), contextlib.ExitStack() as stack:
+        stop = stack.enter_context(StopRequest(out, d))  # a stop request, asked at the end of every step
         world = shared_world(cfg, d)
         model, opt, sft_losses, state = build_learner(cfg, out, world, d)
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
@@ -397,8 +408,11 @@ def run_rl(cfg: RLConfig) -> dict:
             if d.is_main:
                 row = step_row(step + 1, got, lag, trained, state.controller, stream, clock)
                 log.write(step + 1, row | spec.after_step(step + 1, got), got)
-            if cfg.checkpoint_every and (state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps):
+            stopping = state.step < cfg.steps and stop.agreed(resumable=cfg.checkpoint_every > 0)
+            if stopping or cfg.checkpoint_every and (state.step % cfg.checkpoint_every == 0 or state.step == cfg.steps):
                 save_checkpoint(out / "checkpoint", model, opt, cfg, state, stream, batches, spec, d)
+            if stopping:  # a stop request (Slurm's warning, mimo_kit.preempt): checkpoint written, exit to requeue
+                stop.leave(state.step, cfg.steps, out / "checkpoint")
         spec.plain()  # evaluations decode plainly
         final_eval = evaluate(engine, cfg, world) if d.is_main else None
     summary = {"sft_eval": state.sft_eval, "rl_eval": final_eval, "steps": cfg.steps, "out_dir": str(out),
