@@ -39,8 +39,8 @@ def test_budgets_cover_demand_and_p_averages_to_the_global_ratio(src, rho, gamma
     m = demand(b, r)
     p = oversampling(t, m, rho, gamma)
     assert (p >= 0).all() and (budgets(b, r, t, rho, gamma) >= m - 1e-9).all()
-    if m.sum() > 0:
-        assert abs((m * p).sum() / m.sum() - rho) < 1e-9 * max(1.0, rho)
+    if m.sum() > 0:  # the demand-weighted mean, through the shares (a subnormal demand times p would round)
+        assert abs(((m / m.sum()) * p).sum() - rho) < 1e-9 * max(1.0, rho)
     order = np.argsort(t, kind="stable")  # p grows with the duration
     assert (np.diff(p[order]) >= -1e-9).all()
 

@@ -69,9 +69,10 @@ def oversampling(durations: Any, demands: Any, global_ratio: float, exponent: fl
                          f"global_ratio {global_ratio} >= 0 and exponent {exponent} >= 0 expected")
     if m.sum() == 0:
         return np.full_like(t, float(global_ratio))
-    t_bar = float((m * t).sum() / m.sum())
+    w = m / m.sum()                                   # [S] demand shares: the means below never underflow
+    t_bar = float((w * t).sum())
     g = (t / t_bar) ** exponent                       # [S] the growth with duration
-    c = global_ratio * m.sum() / float((m * g).sum())  # Σ m p / Σ m = c Σ m g / Σ m = ρ
+    c = global_ratio / float((w * g).sum())           # Σ m p / Σ m = c Σ w g = ρ
     return c * g
 
 
