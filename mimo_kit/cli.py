@@ -53,6 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mimo_kit.dist import close_distributed, world_from_env
     from mimo_kit.experiments import new_run_folder
     from mimo_kit.launch import DISTRIBUTED, in_run_folder
+    from mimo_kit.preempt import Stopped
 
     exp, cfg = _config(args)
     rank, world, _ = world_from_env()
@@ -74,7 +75,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg.to_yaml(out / "config.yaml")
         (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
         print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
-    result = exp(cfg)
+    try:
+        result = exp(cfg)
+    except Stopped as stop:  # a stop request, its checkpoint written on every rank: leave for the requeue
+        if world > 1:  # every rank raised at the same step: close the group and leave as a finished rank does
+            close_distributed()
+            _leave_rank(stop.code)
+        raise
     if world > 1:  # on success only: a rank that raised leaves at once and torchrun stops the others
         close_distributed()
     if not main:
