@@ -76,13 +76,50 @@ def network_isolation() -> tuple[bool, str]:
     return False, f"unshare -rn refused ({r.stderr.decode(errors='replace').strip()[:120]})"
 
 
+def sandboxed_lock_probe() -> tuple[bool, str]:
+    """Whether a command run as the sandbox runs agent commands (its uid, namespaces, filter) can leave a lock on a
+    file every sandbox shares, or observe one: the lock channel between concurrent episodes
+    (:mod:`mimo_kit.envs.seccomp`). The command takes a ``flock`` and an ``fcntl`` lock on the Python binary and
+    holds them while this process looks for them; ``F_GETLK`` and ``inotify_init1`` must fail in it."""
+    import sys
+    import tempfile
+
+    from mimo_kit.envs.isolation import LOCK_PROBE, lock_channel_closed
+    from mimo_kit.envs.sandbox import SandboxError, spawn_sandboxed
+
+    path = os.path.realpath(sys.executable)
+    with tempfile.TemporaryDirectory(prefix="mimo-probe-") as tmp:
+        os.chmod(tmp, 0o711)
+        try:
+            proc = spawn_sandboxed([sys.executable, "-I", "-S", "-c", LOCK_PROBE, path], tmp)
+        except (OSError, SandboxError) as e:
+            return False, f"the sandboxed lock probe did not start ({e})"
+        try:
+            closed = lock_channel_closed(proc.popen, path)
+        except OSError:
+            closed = False
+        try:
+            proc.finish(False)  # kills the probe
+        except SandboxError as e:
+            return False, f"the sandboxed lock probe did not start ({e})"
+    if closed:
+        return True, f"a sandboxed command's locks on {path} were invisible outside, F_GETLK and inotify refused"
+    return False, f"a sandboxed command left a lock on {path} visible outside, or could observe one"
+
+
 def isolation_layers() -> list[tuple[bool, str]]:
-    """(active, line) for every sandbox isolation layer, probed the way the sandbox probes them."""
+    """(active, line) for every sandbox isolation layer, probed the way the sandbox probes them; the ``file_locks``
+    layer also through a real sandboxed command (:func:`sandboxed_lock_probe`)."""
     from mimo_kit.envs.isolation import capabilities, report
 
     caps = capabilities()
-    out = [(active, f"sandbox {name.replace('_', ' ')}: {'active' if active else 'MISSING'} ({what})")
-           for name, active, what in report()]
+    out = []
+    for name, active, what in report():
+        extra = ""
+        if name == "file_locks" and active:
+            active, detail = sandboxed_lock_probe()
+            extra = "" if active else f"; {detail}"
+        out.append((active, f"sandbox {name.replace('_', ' ')}: {'active' if active else 'MISSING'} ({what}){extra}"))
     if caps.notes:
         out.append((False, f"sandbox notes: {caps.notes}"))
     return out

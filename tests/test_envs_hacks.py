@@ -43,7 +43,8 @@ def test_every_hack_scores_zero_and_leaves_the_host_untouched(name):
     assert len(results) == len(tasks) and not any(r.skipped for r in results)
     assert [r.task for r in results if r.reward > 0] == []
     assert [(r.task, r.host) for r in results if r.host] == []
-    assert all(r.flags for r in results)  # and the audit flags every one of them anyway
+    if STRATEGIES[name].flagged:
+        assert all(r.flags for r in results)  # and the audit flags every one of them anyway
 
 
 def test_a_strategy_is_not_run_where_the_layer_that_stops_it_is_missing(monkeypatch):

@@ -11,7 +11,9 @@ decided here, from those answers:
   and refuses ordering against one: an "always equal" object compares unequal to every expected value;
 - an exception from agent code becomes the agent's own exception class (a local proxy class, so ``except
   InsufficientFunds`` works) or the built-in class it derives from, never ``unittest.SkipTest``: agent code cannot
-  turn a failing test into a skipped one; ``SystemExit`` and ``KeyboardInterrupt`` become plain failures;
+  turn a failing test into a skipped one; ``SystemExit`` and ``KeyboardInterrupt`` become plain failures; nor is
+  it ever ``StopIteration``: raised inside a test's ``all(map(check, xs))`` it would end the iteration as if every
+  check passed, so only the answer to ``next`` ends an iteration;
 - a worker that exits, stops answering before the deadline or breaks the protocol fails the current and every
   remaining test;
 - an agent object takes part in arithmetic only with other agent objects: a value of the test's own (an expected
@@ -88,6 +90,9 @@ class Conn:
             self.dead = f"the agent's process is gone or broke the protocol ({type(e).__name__}: {e})"[:300]
             raise WorkerGone(self.dead) from None
         if reply.get("stop") is True:
+            if op != "next":  # only ``next`` ends an iteration; anywhere else a stop would be control flow
+                self.dead = f"the agent's process answered {op!r} with the end of an iteration"
+                raise WorkerGone(self.dead)
             raise StopIteration
         if type(reply.get("exc")) is dict:
             try:
@@ -132,14 +137,28 @@ class Conn:
         cls = info.get("cls")
         if type(cls) is not dict or cls.get("kind") != "exc_class":
             raise _wire.WireError("an exception without its class")
-        return self.exc_class(cls)(str(info.get("msg", ""))[:500])
+        exc_cls, msg = self.exc_class(cls), str(info.get("msg", ""))[:500]
+        try:
+            return exc_cls(msg)
+        except TypeError:  # a class whose constructor wants more (UnicodeDecodeError): the instance, message as args
+            exc = exc_cls.__new__(exc_cls)
+            exc.args = (msg,)
+            return exc
+
+
+#: Built-in exceptions that are control flow for the code that catches them, not failures: ``StopIteration`` raised
+#: inside ``all(map(check, xs))`` or a generator ends the iteration as if every check passed. Agent code never
+#: raises one into a test (its own iterator's end arrives only as the answer to ``next``).
+CONTROL_FLOW = ("StopIteration", "StopAsyncIteration")
 
 
 def _builtin_exception(names):
-    """The first built-in ``Exception`` subclass among ``names``; AgentError if none (never a skip, never exit)."""
+    """The first built-in ``Exception`` subclass among ``names`` that is not control flow; AgentError if none
+    (never a skip, never exit, never the end of an iteration)."""
     for name in names if type(names) is list else []:
         cls = getattr(builtins, str(name), None)
-        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception:
+        if isinstance(cls, type) and issubclass(cls, Exception) and cls is not Exception and \
+                str(name) not in CONTROL_FLOW:
             return cls
     return AgentError
 

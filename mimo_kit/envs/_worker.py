@@ -85,10 +85,9 @@ def serve(chan, handles):
             req = chan.recv()
         except EOFError:
             return
-        seq = req.get("seq")
+        seq, op = req.get("seq"), req.get("op")
         try:
             args = [_wire.decode(a, handles.resolve) for a in req.get("args", [])]
-            op = req.get("op")
             if op == "import":
                 value = importlib.import_module(req["name"])
             elif op == "getattr":
@@ -104,8 +103,9 @@ def serve(chan, handles):
             else:
                 raise _wire.WireError(f"unknown op {op!r}")
             reply = {"seq": seq, "ok": _wire.encode(value, handles.handle_of)}
-        except StopIteration:
-            reply = {"seq": seq, "stop": True}
+        except StopIteration as e:  # the end of an iteration only where the judge asked for the next element;
+            # anywhere else it is an exception like any other (a test's ``all(map(f, xs))`` must not end early)
+            reply = {"seq": seq, "stop": True} if op == "next" else {"seq": seq, "exc": describe_exception(e, handles)}
         except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt from agent code are answers
             reply = {"seq": seq, "exc": describe_exception(e, handles)}
         chan.send(reply)

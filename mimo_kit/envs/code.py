@@ -20,6 +20,7 @@ A task is a folder ``data/code_tasks/<id>/`` holding ``task.json`` (instruction,
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import json
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from mimo_kit.config.base import Config, knob
+from mimo_kit.envs.health import describe
 from mimo_kit.envs.hidden_tests import judge_tests
 from mimo_kit.envs.patches import (  # noqa: F401
     IGNORED_DIRS,
@@ -66,6 +68,8 @@ class CodeEnvConfig(Config):
                                   min=0.1)
     max_patch_mb: float = knob(8.0, "a toy fix is a few KB; a bigger diff is junk the root grader will not apply",
                                min=0.001)
+    meta_diff_kb: float = knob(32.0, "the group grader reads a group's patches in the driver: a toy fix is a few "
+                               "hundred bytes; past this only the diff's hash, size and changed lines travel", min=0.0)
     sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
 
     PRESETS = {"tiny": {}}
@@ -226,6 +230,7 @@ class CodeGrade:
     restored: list[str] = dataclasses.field(default_factory=list)
     test_output: str = ""
     wall_s: float = 0.0
+    unstable: bool = False  # independent gradings of this patch disagreed (GradeCache): scored 0, flagged
 
 
 def agent_modules(task: CodeTask) -> list[str]:
@@ -265,15 +270,17 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
     fresh = Path(tempfile.mkdtemp(prefix="mimo-fresh-"))
     try:
         _copy_tree(task.repo, fresh)
-        ok, msg = apply_patch(fresh, patch)
-        if not ok:
-            return _failed(task, patch, f"patch does not apply: {msg.strip()[:300]}", t0)
-        try:
+        try:  # everything that touches what the agent wrote: its failure is this patch's failed grade, never infra
+            ok, msg = apply_patch(fresh, patch)
+            if not ok:
+                return _failed(task, patch, f"patch does not apply: {msg.strip()[:300]}", t0)
             verify_tree(fresh)
-            restored = restore_protected(fresh, task.repo)
+            restored = restore_protected(fresh, task.repo)  # a protected file replaced by a folder: refused here
             chmod_tree(fresh)  # read-only for the sandbox uid: tests cannot rewrite the code
         except UnsafePatch as e:
             return _failed(task, patch, f"patched tree refused: {e}", t0)
+        except Exception as e:  # noqa: BLE001 - IsADirectoryError, a name git wrote that Python cannot, ...
+            return _failed(task, patch, f"patched tree refused: {describe(e)}", t0)
         outcomes, output = run_hidden_tests(task, fresh, task.f2p + task.p2p, cfg)
     finally:
         remove_tree(fresh)
@@ -287,33 +294,106 @@ def grade_patch(task: CodeTask, patch: str, cfg: CodeEnvConfig | None = None) ->
 
 
 class GradeCache:
-    """Verdicts by (task, patch): a group's identical patches are graded once.
+    """Stable verdicts by (task, diff hash): a group's identical patches are graded once, and luck is never cached.
 
-    Sound because a task is admitted only when its tests give identical results over ``reruns`` runs
-    (:func:`validate_task`, Report §4.2 supervision stability), so the same patch on the same task gets the same
-    verdict; RL groups repeat patches often (every rollout that found the one-line fix). Only definite verdicts
-    are kept (every test passed, failed or skipped): a timeout or a crashed sandbox is graded again next time.
-    Thread-safe; counts hits.
+    RL groups repeat patches often (every rollout that found the one-line fix), so a verdict is worth keeping; but a
+    patch can pass by chance (it picks the fix with ``os.urandom``, races a timer), and one lucky verdict cached
+    would pay every later copy. Report §4.2 *supervision stability* admits a task only when its tests agree over
+    ``reruns`` runs; the cache asks the same of a patch: a first pass is graded again until ``confirmations``
+    independent gradings (default: the task's ``reruns``) agree, and only then returned and kept. A patch whose
+    gradings disagree scores 0, is flagged (``CodeGrade.unstable``), and that verdict is kept. A failure is kept as
+    it is (scoring a chance failure 0 rewards nothing). A timeout or a crashed sandbox is not a verdict: graded
+    again next time.
+
+    Entries hold the verdict and the diff's hash only (never the diff or the tests' output), least recently used
+    first out past ``max_bytes``. Thread-safe (one grading per patch at a time); counts hits and evictions.
     """
 
-    def __init__(self) -> None:
-        self._d: dict[tuple[str, str], CodeGrade] = {}
+    def __init__(self, max_bytes: int = 4 * 2**20, confirmations: int | None = None) -> None:
+        if max_bytes <= 0:
+            raise ValueError(f"GradeCache: max_bytes={max_bytes}; expected a positive byte budget")
+        if confirmations is not None and confirmations < 1:
+            raise ValueError(f"GradeCache: confirmations={confirmations}; expected at least 1 grading per pass")
+        self.max_bytes, self.confirmations = max_bytes, confirmations
+        self._d: collections.OrderedDict[tuple[str, str], tuple[CodeGrade, int]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        self.hits = self.misses = 0
+        self._patch_locks = [threading.Lock() for _ in range(64)]  # striped: one grading of a patch at a time
+        self.bytes = self.hits = self.misses = self.evictions = 0
 
-    def grade(self, task: CodeTask, patch: str, cfg: CodeEnvConfig) -> CodeGrade:
-        key = (str(task.root), hashlib.sha256(patch.encode("utf-8", "surrogatepass")).hexdigest())
+    @staticmethod
+    def key(task: CodeTask, patch: str) -> tuple[str, str]:
+        return str(task.root), hashlib.sha256(patch.encode("utf-8", "surrogatepass")).hexdigest()
+
+    def _get(self, key):
         with self._lock:
             hit = self._d.get(key)
-            self.hits += hit is not None
-            self.misses += hit is None
-        if hit is not None:
-            return dataclasses.replace(hit, wall_s=0.0)
-        g = grade_patch(task, patch, cfg)
-        if all(o in ("passed", "failed", "skipped") for o in g.outcomes.values()):  # a timeout or crash may not recur
+            if hit is not None:
+                self._d.move_to_end(key)
+            return hit
+
+    def _put(self, key, g: CodeGrade) -> None:
+        kept = dataclasses.replace(g, diff="", test_output="", wall_s=0.0)  # the verdict only
+        size = len(json.dumps(dataclasses.asdict(kept))) + len(key[0]) + len(key[1]) + 200  # + the entry's own
+        with self._lock:
+            if key in self._d:
+                self.bytes -= self._d.pop(key)[1]
+            self._d[key] = (kept, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes and len(self._d) > 1:
+                self.bytes -= self._d.popitem(last=False)[1][1]
+                self.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def grade(self, task: CodeTask, patch: str, cfg: CodeEnvConfig) -> CodeGrade:
+        key = self.key(task, patch)
+        with self._patch_locks[hash(key) % len(self._patch_locks)]:
+            hit = self._get(key)
             with self._lock:
-                self._d[key] = g
-        return g
+                self.hits += hit is not None
+                self.misses += hit is None
+            if hit is not None:
+                return dataclasses.replace(hit[0], diff=patch)
+            g = grade_patch(task, patch, cfg)
+            if not _definite(g):  # a timeout or a crash may not recur: not a verdict
+                return g
+            if g.passed:
+                g = self._confirm(task, patch, cfg, g)
+            self._put(key, g)
+            return g
+
+    def _confirm(self, task: CodeTask, patch: str, cfg: CodeEnvConfig, first: CodeGrade) -> CodeGrade:
+        """Grade a first pass again until ``confirmations`` gradings agree; any disagreement: 0, flagged."""
+        n = self.confirmations or cfg.reruns
+        passes, t_total = 1, first.wall_s
+        for _ in range(n - 1):
+            g = grade_patch(task, patch, cfg)
+            t_total += g.wall_s
+            if not _definite(g):  # the sandbox failed, not the patch: the pass stands unconfirmed, not cached
+                return dataclasses.replace(first, wall_s=t_total)
+            if not g.passed:
+                return dataclasses.replace(
+                    g, passed=False, reward=0.0, unstable=True, wall_s=t_total,
+                    reason=f"unstable verdict: {passes} of {passes + 1} gradings passed ({g.reason}); a patch "
+                           f"whose gradings disagree scores 0")
+            passes += 1
+        return dataclasses.replace(first, wall_s=t_total)
+
+
+def _definite(g: CodeGrade) -> bool:
+    """Every test passed, failed or skipped (no test missing because the sandbox or the judge gave out)."""
+    return all(o in ("passed", "failed", "skipped") for o in g.outcomes.values())
+
+
+def diff_summary(diff: str, cfg: CodeEnvConfig) -> dict:
+    """What of a diff travels with a rollout's grade: its hash, size and changed lines always; its text only up to
+    ``meta_diff_kb`` (a cut diff says so), so no rollout carries megabytes of patch into the driver."""
+    limit = int(cfg.meta_diff_kb * 1024)
+    changed = sum(1 for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))
+    data = diff.encode("utf-8", "surrogatepass")
+    return {"diff": diff if len(data) <= limit else data[:limit].decode("utf-8", "ignore") + "\n# (diff cut)\n",
+            "diff_sha256": hashlib.sha256(data).hexdigest(), "diff_bytes": len(data), "changed_lines": changed}
 
 
 def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = None,
@@ -326,6 +406,8 @@ def grade(task: CodeTask, workspace: str | Path, cfg: CodeEnvConfig | None = Non
         diff = workspace_diff(task, workspace, cfg.max_patch_mb)
     except UnsafePatch as e:
         return _failed(task, "", f"workspace refused: {e}", t0)
+    except (OSError, ValueError) as e:  # a tree the agent made unreadable in a way no check names: its failure
+        return _failed(task, "", f"workspace refused: {describe(e)}", t0)
     return cache.grade(task, diff, cfg) if cache is not None else grade_patch(task, diff, cfg)
 
 

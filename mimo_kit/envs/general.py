@@ -17,27 +17,55 @@ paid, only pending orders change address). Grading (:func:`grade_general`):
 3. **negative checks**: any change to a table or file outside the task's allowed ones fails.
 
 Reward 1 iff everything passes (the fraction of rubric items is reported alongside).
+
+Everything the agent controls is bounded: each tool checks its own arguments (integers within SQLite's int64 and
+the domain's range, finite positive amounts, text of bounded length without NUL bytes or lone surrogates) and turns
+any failure of SQLite or of a database the agent rewrote through bash into the call's :class:`ToolError`; the
+grader turns whatever reading such a database raises into a failed check, never an exception (which would drop
+the rollout as an infrastructure error instead of scoring it 0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import sqlite3
 import stat
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from mimo_kit.envs.patches import UnsafePatch, check_path, read_regular, walk
-from mimo_kit.envs.tools import VIEW_MAX_BYTES, Tool, ToolError, open_in_workspace
+from mimo_kit.envs.tools import VIEW_MAX_BYTES, Tool, ToolError, check_text, open_in_workspace
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "general_tasks"
 SEED = DATA_DIR / "shop_seed.json"
+
+# Bounds of the shop API's arguments: every value an agent sends is checked before it reaches SQLite or a policy.
+#: SQLite's INTEGER is a signed 64-bit value; a larger Python int cannot be bound at all (OverflowError).
+SQLITE_INT_MAX = 2**63 - 1
+#: Units one restock may add: a toy shop restocks tens; also keeps ``qty + quantity`` far inside SQLite's int64.
+MAX_QUANTITY = 1_000_000
+#: Characters of a key-like argument (an email address, a sku, a note's path): RFC 5321 caps an address at 254.
+MAX_KEY_CHARS = 320
+#: Characters of free text stored in the database (a reason, an address, a subject, an email body): real ones are a
+#: few hundred; the bound keeps the rows the grader dumps and the judge reads small.
+MAX_TEXT_CHARS = 20_000
+#: Characters of a note: a note is a few lines; ``read_note`` shows at most ``VIEW_MAX_BYTES`` anyway.
+MAX_NOTE_CHARS = 256 * 1024
+#: Seconds one query may run before SQLite interrupts it: the shop's queries take microseconds; a trigger or a huge
+#: table the agent planted through bash must not hold a tool or the grader.
+QUERY_TIMEOUT_S = 10.0
+#: Rows one query may return: the shop's tables hold tens; a table the agent filled through bash is read this far
+#: and no further (its rows would otherwise all be held in the grader's memory, and in one observation).
+MAX_ROWS = 10_000
 
 
 class GeneralTaskError(ValueError):
@@ -119,19 +147,114 @@ def _check_db(db: Path) -> None:
 
 
 def _q(db: Path, sql: str, args: tuple = ()) -> list[dict]:
+    """One statement on the shop's database, interrupted after ``QUERY_TIMEOUT_S`` (``sqlite3.OperationalError``);
+    more than ``MAX_ROWS`` rows is a :class:`ToolError`."""
     _check_db(db)
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
+    deadline = time.monotonic() + QUERY_TIMEOUT_S
+    con.set_progress_handler(lambda: time.monotonic() > deadline, 10_000)
     try:
         with con:
-            return [dict(r) for r in con.execute(sql, args)]
+            rows = con.execute(sql, args).fetchmany(MAX_ROWS + 1)
+            if len(rows) > MAX_ROWS:
+                raise ToolError(f"a query of the shop's database returned more than {MAX_ROWS:,} rows; the shop's "
+                                "tables hold tens")
+            return [dict(r) for r in rows]
     finally:
         con.close()
 
 
+def _ident(name: str) -> str:
+    """A table or column name quoted for SQL (the agent may have created any name through bash)."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _json_value(v: Any) -> Any:
+    """JSON for a cell the agent may have written through bash that JSON has no type for: a BLOB, as hex."""
+    if isinstance(v, bytes):
+        return {"blob": v.hex()}
+    raise TypeError(f"a cell of type {type(v).__name__} has no JSON form")
+
+
+def _dumps(rows: Any, sort_keys: bool = False) -> str:
+    return json.dumps(rows, default=_json_value, sort_keys=sort_keys)
+
+
+# ---- the agent's arguments ----------------------------------------------------------------------------------------
+def _int_arg(tool: str, name: str, value: Any, lo: int, hi: int) -> int:
+    """An integer argument within ``lo..hi`` (a bool, a float or a str is not one), else ToolError naming it."""
+    if type(value) is not int:
+        raise ToolError(f"{tool}: argument {name}={_shown(value)}, expected an integer in {lo}..{hi}")
+    if not lo <= value <= hi:
+        raise ToolError(f"{tool}: argument {name}={_shown(value)} is outside {lo}..{hi}")
+    return value
+
+
+def _amount_arg(tool: str, name: str, value: Any) -> float:
+    """A finite positive amount of money (an int or a float; never NaN or ±inf, which SQLite would store as NULL)."""
+    if type(value) not in (int, float):
+        raise ToolError(f"{tool}: argument {name}={_shown(value)}, expected a positive number")
+    try:
+        amount = float(value)
+    except OverflowError:
+        raise ToolError(f"{tool}: argument {name}={_shown(value)} is too large for an amount") from None
+    if not math.isfinite(amount) or amount <= 0:
+        raise ToolError(f"{tool}: argument {name}={_shown(value)}, expected a finite positive number")
+    return amount
+
+
+def _text_arg(tool: str, name: str, value: Any, limit: int) -> str:
+    """Text of at most ``limit`` characters, no NUL byte, valid UTF-8 (:func:`check_text`)."""
+    if type(value) is not str:
+        raise ToolError(f"{tool}: argument {name}={_shown(value)}, expected a string")
+    if len(value) > limit:
+        raise ToolError(f"{tool}: argument {name} has {len(value):,} characters; at most {limit:,}")
+    return check_text(value, f"{tool}: argument {name}")
+
+
+def _shown(value: Any) -> str:
+    """A value as an error message names it: its repr, a long string cut to 40 characters, an int of more than 128
+    bits by its size (a 5,000-digit int's repr would flood the observation), a container by its type."""
+    if type(value) is int and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + f"... ({len(value):,} characters)"
+    return repr(value) if isinstance(value, (int, float, type(None))) else f"a {type(value).__name__}"
+
+
+def _guarded(name: str, fn: Callable[..., str]) -> Callable[..., str]:
+    """A tool whose failures on the agent's arguments or on a database the agent changed (``sqlite3.Error``,
+    ``TypeError``, ``ValueError``, ``OverflowError``) are the action's :class:`ToolError`, never an exception that
+    would drop the rollout as an infrastructure error."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> str:
+        try:
+            return fn(*args, **kwargs)
+        except ToolError:
+            raise
+        except sqlite3.Error as e:
+            raise ToolError(f"{name}: the shop's database refused the call ({type(e).__name__}: "
+                            f"{str(e)[:200]})") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ToolError(f"{name}: the call cannot be applied ({type(e).__name__}: {str(e)[:200]})") from None
+
+    return call
+
+
 def shop_tools(ws: Path | None) -> list[Tool]:
-    """The shop's API as tools (JSON schemas; policy enforced inside). ``ws`` None: schemas only."""
+    """The shop's API as tools (JSON schemas; policy enforced inside). ``ws`` None: schemas only.
+
+    Each tool checks its own arguments (they may come from a replay, not only through the registry's schema
+    check): ids are integers in 0..``SQLITE_INT_MAX``, quantities in 1..``MAX_QUANTITY``, amounts finite and
+    positive, text bounded (``MAX_KEY_CHARS``, ``MAX_TEXT_CHARS``, ``MAX_NOTE_CHARS``) without NUL bytes or lone
+    surrogates; anything else, and any failure of a database the agent changed, is the call's :class:`ToolError`
+    naming the value and what was expected (:func:`_guarded`)."""
     db = (ws / "shop.db") if ws else None
+
+    def order_id_arg(tool: str, order_id: Any) -> int:
+        return _int_arg(tool, "order_id", order_id, 0, SQLITE_INT_MAX)
 
     def order(order_id: int) -> dict:
         rows = _q(db, "SELECT * FROM orders WHERE id = ?", (order_id,))
@@ -140,18 +263,22 @@ def shop_tools(ws: Path | None) -> list[Tool]:
         return rows[0]
 
     def find_customer(email: str) -> str:
+        email = _text_arg("find_customer", "email", email, MAX_KEY_CHARS)
         rows = _q(db, "SELECT * FROM customers WHERE email = ?", (email,))
         if not rows:
             raise ToolError(f"no customer with email {email!r}")
-        return json.dumps(rows[0])
+        return _dumps(rows[0])
 
     def list_orders(customer_id: int) -> str:
-        return json.dumps(_q(db, "SELECT * FROM orders WHERE customer_id = ? ORDER BY id", (customer_id,)))
+        customer_id = _int_arg("list_orders", "customer_id", customer_id, 0, SQLITE_INT_MAX)
+        return _dumps(_q(db, "SELECT * FROM orders WHERE customer_id = ? ORDER BY id", (customer_id,)))
 
     def get_order(order_id: int) -> str:
-        return json.dumps(order(order_id))
+        return _dumps(order(order_id_arg("get_order", order_id)))
 
     def cancel_order(order_id: int, reason: str) -> str:
+        order_id = order_id_arg("cancel_order", order_id)
+        _text_arg("cancel_order", "reason", reason, MAX_TEXT_CHARS)
         o = order(order_id)
         if o["status"] != "pending":
             raise ToolError(f"policy: order {order_id} is {o['status']}; only pending orders can be cancelled "
@@ -160,16 +287,27 @@ def shop_tools(ws: Path | None) -> list[Tool]:
         return f"order {order_id} cancelled"
 
     def issue_refund(order_id: int, amount: float, reason: str) -> str:
+        order_id = order_id_arg("issue_refund", order_id)
+        amount = _amount_arg("issue_refund", "amount", amount)
+        reason = _text_arg("issue_refund", "reason", reason, MAX_TEXT_CHARS)
         o = order(order_id)
         if o["status"] not in ("delivered", "cancelled"):
             raise ToolError(f"policy: order {order_id} is {o['status']}; refunds need a delivered or cancelled order")
-        done = sum(r["amount"] for r in _q(db, "SELECT amount FROM refunds WHERE order_id = ?", (order_id,)))
-        if amount <= 0 or amount + done > o["total"] + 1e-9:
-            raise ToolError(f"policy: refund {amount} on order {order_id} exceeds what is left ({o['total'] - done})")
+        total = o["total"]
+        if type(total) not in (int, float) or not math.isfinite(total):
+            raise ToolError(f"order {order_id} has no valid total ({total!r}): no refund can be checked against it")
+        amounts = [r["amount"] for r in _q(db, "SELECT amount FROM refunds WHERE order_id = ?", (order_id,))]
+        if any(type(a) not in (int, float) or not math.isfinite(a) for a in amounts):
+            raise ToolError(f"order {order_id} has a refund without a valid amount: no refund can be checked")
+        done = sum(amounts)
+        if amount + done > total + 1e-9:
+            raise ToolError(f"policy: refund {amount} on order {order_id} exceeds what is left ({total - done})")
         _q(db, "INSERT INTO refunds (order_id, amount, reason) VALUES (?, ?, ?)", (order_id, amount, reason))
         return f"refunded {amount:.2f} on order {order_id}"
 
     def update_address(order_id: int, address: str) -> str:
+        order_id = order_id_arg("update_address", order_id)
+        address = _text_arg("update_address", "address", address, MAX_TEXT_CHARS)
         o = order(order_id)
         if o["status"] != "pending":
             raise ToolError(f"policy: order {order_id} is {o['status']}; only pending orders change address")
@@ -177,17 +315,22 @@ def shop_tools(ws: Path | None) -> list[Tool]:
         return f"order {order_id} ships to {address}"
 
     def send_email(to: str, subject: str, body: str) -> str:
+        to = _text_arg("send_email", "to", to, MAX_KEY_CHARS)
+        subject = _text_arg("send_email", "subject", subject, MAX_TEXT_CHARS)
+        body = _text_arg("send_email", "body", body, MAX_TEXT_CHARS)
         if not _q(db, "SELECT id FROM customers WHERE email = ?", (to,)):
             raise ToolError(f"policy: {to!r} is not a customer address")
         _q(db, "INSERT INTO outbox (to_addr, subject, body) VALUES (?, ?, ?)", (to, subject, body))
         return f"email to {to} queued"
 
     def list_inventory() -> str:
-        return json.dumps(_q(db, "SELECT * FROM inventory ORDER BY sku"))
+        return _dumps(_q(db, "SELECT * FROM inventory ORDER BY sku"))
 
     def restock(sku: str, quantity: int) -> str:
-        if quantity <= 0:
+        sku = _text_arg("restock", "sku", sku, MAX_KEY_CHARS)
+        if type(quantity) is int and quantity <= 0:
             raise ToolError(f"restock: quantity={quantity}, expected a positive number")
+        quantity = _int_arg("restock", "quantity", quantity, 1, MAX_QUANTITY)
         if not _q(db, "SELECT sku FROM inventory WHERE sku = ?", (sku,)):
             raise ToolError(f"no item with sku {sku!r}")
         _q(db, "UPDATE inventory SET qty = qty + ? WHERE sku = ?", (quantity, sku))
@@ -195,16 +338,19 @@ def shop_tools(ws: Path | None) -> list[Tool]:
 
     # notes/ is the agent's folder (it may be a link now): opened from the workspace, no link followed anywhere
     def write_note(path: str, content: str) -> str:
+        path = _text_arg("write_note", "path", path, MAX_KEY_CHARS)
+        content = _text_arg("write_note", "content", content, MAX_NOTE_CHARS)
         fd, _ = open_in_workspace(ws, f"notes/{path}", os.O_WRONLY | os.O_CREAT, kind="file")
-        with os.fdopen(fd, "wb") as fh:
-            try:
+        try:
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(content.encode("utf-8"))
                 fh.truncate()
-            except OSError as e:  # ENOSPC on the episode's volume
-                raise ToolError(f"write_note: writing {path!r} failed: {e.strerror}") from None
+        except OSError as e:  # ENOSPC on the episode's volume (at the write, or at the flush when closing)
+            raise ToolError(f"write_note: writing {path!r} failed: {e.strerror}") from None
         return f"wrote notes/{path}"
 
     def read_note(path: str) -> str:
+        path = _text_arg("read_note", "path", path, MAX_KEY_CHARS)
         try:
             fd, _ = open_in_workspace(ws, f"notes/{path}", kind="file")
         except ToolError:
@@ -214,19 +360,20 @@ def shop_tools(ws: Path | None) -> list[Tool]:
 
     S, INT, N = {"type": "string"}, {"type": "integer"}, {"type": "number"}  # noqa: N806
     obj = lambda **props: {"type": "object", "properties": props, "required": list(props)}  # noqa: E731
-    return [Tool("find_customer", "look up a customer by email", obj(email=S), find_customer),
-            Tool("list_orders", "orders of a customer", obj(customer_id=INT), list_orders),
-            Tool("get_order", "one order", obj(order_id=INT), get_order),
-            Tool("cancel_order", "cancel a pending order", obj(order_id=INT, reason=S), cancel_order),
-            Tool("issue_refund", "refund part or all of a delivered/cancelled order",
-                 obj(order_id=INT, amount=N, reason=S), issue_refund),
-            Tool("update_address", "change the address of a pending order", obj(order_id=INT, address=S),
-                 update_address),
-            Tool("send_email", "email a customer", obj(to=S, subject=S, body=S), send_email),
-            Tool("list_inventory", "all inventory items", obj(), list_inventory),
-            Tool("restock", "add units to an item", obj(sku=S, quantity=INT), restock),
-            Tool("write_note", "write a file under notes/", obj(path=S, content=S), write_note),
-            Tool("read_note", "read a file under notes/", obj(path=S), read_note)]
+    tools = [("find_customer", "look up a customer by email", obj(email=S), find_customer),
+             ("list_orders", "orders of a customer", obj(customer_id=INT), list_orders),
+             ("get_order", "one order", obj(order_id=INT), get_order),
+             ("cancel_order", "cancel a pending order", obj(order_id=INT, reason=S), cancel_order),
+             ("issue_refund", "refund part or all of a delivered/cancelled order",
+              obj(order_id=INT, amount=N, reason=S), issue_refund),
+             ("update_address", "change the address of a pending order", obj(order_id=INT, address=S),
+              update_address),
+             ("send_email", "email a customer", obj(to=S, subject=S, body=S), send_email),
+             ("list_inventory", "all inventory items", obj(), list_inventory),
+             ("restock", "add units to an item", obj(sku=S, quantity=INT), restock),
+             ("write_note", "write a file under notes/", obj(path=S, content=S), write_note),
+             ("read_note", "read a file under notes/", obj(path=S), read_note)]
+    return [Tool(name, desc, params, _guarded(name, fn)) for name, desc, params, fn in tools]
 
 
 def replay(actions: list[dict], ws: Path) -> list[str]:
@@ -247,11 +394,11 @@ def dump_tables(db: Path, exclude: dict[str, list[str]] | None = None) -> dict[s
     exclude = exclude or {}
     out = {}
     tables = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name"
-    _check_db(db)
-    for (table,) in sqlite3.connect(db).execute(tables):
-        rows = _q(db, f"SELECT * FROM {table}")
-        out[table] = sorted(json.dumps({k: v for k, v in r.items() if k not in exclude.get(table, [])},
-                                       sort_keys=True) for r in rows)
+    for t in _q(db, tables):
+        table = t["name"]
+        rows = _q(db, f"SELECT * FROM {_ident(table)}")
+        out[table] = sorted(_dumps({k: v for k, v in r.items() if k not in exclude.get(table, [])}, True)
+                            for r in rows)
     return out
 
 
@@ -318,7 +465,7 @@ def check_item(item: dict, ws: Path, judge: Judge) -> tuple[bool, str]:
         cond, args = _where(item)
         rows = _q(db, f"SELECT * FROM {item['table']} WHERE {cond}", args)
         ok = len(rows) == 1 and all(rows[0].get(k) == v for k, v in item["expect"].items())
-        return ok, json.dumps(rows)[:200]
+        return ok, _dumps(rows)[:200]
     if t == "count":
         cond, args = _where(item)
         n = _q(db, f"SELECT COUNT(*) AS n FROM {item['table']} WHERE {cond}", args)[0]["n"]
@@ -353,8 +500,17 @@ class GeneralGrade:
     reasons: list[str]
 
 
+#: What reading a database the agent changed may raise: a corrupt or missing file, a dropped table (``sqlite3``), a
+#: cell that is not UTF-8 text, a value of another type than the seed's, an interrupted query, a link (ToolError).
+AGENT_DB_ERRORS = (sqlite3.Error, ToolError, TypeError, ValueError, OverflowError, KeyError, IndexError)
+
+
 def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None) -> GeneralGrade:
-    """Rubric items + state check against replayed gold actions + negative checks (Report §4.2)."""
+    """Rubric items + state check against replayed gold actions + negative checks (Report §4.2).
+
+    The agent may have changed ``shop.db`` in any way (through bash too): whatever reading it raises
+    (``AGENT_DB_ERRORS``) fails the check that read it, or the whole grade with reward 0 and the reason, never an
+    exception. A task file's own error (:class:`GeneralTaskError`) still raises."""
     ws = Path(ws)
     judge = judge or RuleJudge()
     reasons = []
@@ -362,8 +518,10 @@ def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None)
     for item in task.rubric:
         try:
             ok, seen = check_item(item, ws, judge)
-        except (ToolError, sqlite3.DatabaseError) as e:
-            ok, seen = False, str(e)
+        except GeneralTaskError:
+            raise
+        except AGENT_DB_ERRORS as e:
+            ok, seen = False, f"{type(e).__name__}: {str(e)[:200]}"
         rubric[item["id"]] = ok
         if not ok:
             reasons.append(f"rubric {item['id']} failed ({item.get('description', '')}); saw {seen}")
@@ -379,8 +537,9 @@ def grade_general(task: GeneralTask, ws: str | Path, judge: Judge | None = None)
     try:
         got_full = dump_tables(ws / "shop.db")
         got = dump_tables(ws / "shop.db", task.free_text)
-    except (sqlite3.DatabaseError, ToolError) as e:
-        return GeneralGrade(task.id, False, 0.0, rubric, 0.0, False, False, reasons + [f"shop.db unreadable: {e}"])
+    except AGENT_DB_ERRORS as e:
+        return GeneralGrade(task.id, False, 0.0, rubric, 0.0, False, False,
+                            reasons + [f"shop.db unreadable: {type(e).__name__}: {str(e)[:200]}"])
     state_ok = all(got.get(t) == want.get(t) for t in task.allowed_tables)
     if not state_ok:
         reasons.append(f"state check: tables {[t for t in task.allowed_tables if got.get(t) != want.get(t)]} differ "

@@ -16,6 +16,10 @@ layer                  what it stops
 ``volume``             the episode's workspace and HOME on a size-limited tmpfs: no disk filling
 ``seccomp``            kernel keyrings (a channel between episodes no namespace covers), bpf, perf events,
                        module loading: denied with EPERM (:mod:`mimo_kit.envs.seccomp`)
+``file_locks``         locks and inode watches on the files every sandbox shares (``/usr``, Python): a
+                       channel between concurrent episodes no namespace covers; the same filter makes
+                       ``flock`` and ``fcntl`` locks no-ops and refuses ``F_GETLK``, leases, ``F_NOTIFY``,
+                       inotify and fanotify (:mod:`mimo_kit.envs.seccomp`)
 =====================  ================================================================================
 
 Where a layer is missing the sandbox still runs, warns once naming the layer and the attack class it would have
@@ -26,10 +30,14 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import fcntl
 import functools
 import os
+import select
 import shutil
+import struct
 import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -48,6 +56,8 @@ LAYERS = {
     "cgroup": "total memory and task budgets per command; the kill switch",
     "volume": "workspace and HOME on a size-limited tmpfs (disk cannot fill)",
     "seccomp": "no kernel keyrings (add_key/keyctl: a channel between episodes), bpf, perf events or modules",
+    "file_locks": "no lock, lease or inotify/fanotify watch on files every sandbox shares (flock, fcntl locks: a "
+                  "channel between concurrent episodes)",
 }
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -72,12 +82,13 @@ class Capabilities:
     unshare_cmd: bool  # `unshare -rn` works (the network fallback for non-root)
     notes: str
     seccomp: bool = False  # the filter of mimo_kit.envs.seccomp installs and denies add_key
+    locks: bool = False  # under that filter a lock on a shared file is invisible outside, observers are refused
 
     @property
     def layers(self) -> dict[str, bool]:
         return {"uid": self.root, "no_new_privs": True, "network_namespace": self.netns or self.unshare_cmd,
                 "mount_namespace": self.mountns, "pid_namespace": self.pidns, "cgroup": bool(self.cgroup),
-                "volume": self.volume, "seccomp": self.seccomp}
+                "volume": self.volume, "seccomp": self.seccomp, "file_locks": self.seccomp and self.locks}
 
 
 def _unshare_in_child(flags: int) -> None:
@@ -102,14 +113,80 @@ def _seccomp_works() -> bool:
     flt = seccomp.build()
     if flt is None:
         return False
-    import sys
-
     nr = seccomp.ARCHES[seccomp.platform.machine()][1]["add_key"]
     probe = ("import ctypes, sys\nlibc = ctypes.CDLL(None, use_errno=True)\nlibc.syscall.restype = ctypes.c_long\n"
              f"r = libc.syscall({nr}, b'user', b'mimo-seccomp-probe', b'x', 1, ctypes.c_int(-4))\n"
              "sys.exit(0 if r == -1 and ctypes.get_errno() == 1 else 1)")
 
     return _works([sys.executable, "-I", "-S", "-c", probe], preexec_fn=functools.partial(_seccomp_in_child, flt))
+
+
+#: The lock probe, run under the filter with the path of a file every sandbox shares: it asks ``F_GETLK`` and
+#: ``inotify_init1`` (both must fail with EPERM), takes a ``flock`` and an ``fcntl`` read lock (``lockf``) on the
+#: file, prints ``locked ok`` (or ``locked seen``) and waits to be killed, holding whatever it took.
+LOCK_PROBE = """import ctypes, fcntl, os, struct, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+try:
+    fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+    getlk = False
+except PermissionError:
+    getlk = True
+watch = libc.inotify_init1(0) == -1 and ctypes.get_errno() == 1
+fcntl.flock(fd, fcntl.LOCK_SH)
+fcntl.lockf(fd, fcntl.LOCK_SH)
+print("locked", "ok" if getlk and watch else "seen", flush=True)
+time.sleep(60)
+"""
+
+
+def lock_visible(path: str) -> bool:
+    """Whether a lock on ``path`` is visible from here: a non-blocking exclusive ``flock`` is refused, or
+    ``F_GETLK`` names a holder (``struct flock { short l_type, l_whence; off_t l_start, l_len; pid_t l_pid; }``)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 0, 0, 0))
+        return struct.unpack_from("h", got)[0] != fcntl.F_UNLCK
+    finally:
+        os.close(fd)
+
+
+def lock_channel_closed(popen: subprocess.Popen, path: str, timeout_s: float = 10.0) -> bool:
+    """Given a running :data:`LOCK_PROBE` on ``path``: it found both observers refused, and while it held its locks
+    (still running after the check) none was visible from here. The caller kills it."""
+    ready, _, _ = select.select([popen.stdout], [], [], timeout_s)
+    line = popen.stdout.readline() if ready else b""
+    return line.split() == [b"locked", b"ok"] and not lock_visible(path) and popen.poll() is None
+
+
+def _locks_work() -> bool:
+    """Under the filter, the lock probe on the Python binary (a file every sandbox shares) leaves no lock visible
+    outside and cannot observe one."""
+    from mimo_kit.envs import seccomp
+
+    flt = seccomp.build()
+    if flt is None:
+        return False
+    path = os.path.realpath(sys.executable)
+    try:
+        p = subprocess.Popen([sys.executable, "-I", "-S", "-c", LOCK_PROBE, path], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                             preexec_fn=functools.partial(_seccomp_in_child, flt))
+    except (OSError, subprocess.SubprocessError):
+        return False
+    try:
+        return lock_channel_closed(p, path)
+    except OSError:
+        return False
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
 
 
 def _works(argv: list[str], **kw) -> bool:
@@ -155,7 +232,7 @@ def capabilities() -> Capabilities:
         volume = _volume_works()
     if not netns:
         unshare_cmd = _works(["unshare", "-rn", "/bin/true"])
-    caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "", _seccomp_works())
+    caps = Capabilities(root, netns, mountns, pidns, cg, volume, unshare_cmd, "", _seccomp_works(), _locks_work())
     for layer, active in caps.layers.items():
         if not active:
             notes.append(f"{layer} unavailable, not enforced: {LAYERS[layer]}")

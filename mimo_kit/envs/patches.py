@@ -404,7 +404,10 @@ def restore_protected(root: str | Path, base: str | Path) -> list[str]:
         fd = _open_dir(root, parents)
         try:
             try:
-                if not stat.S_ISREG(os.lstat(name, dir_fd=fd).st_mode):
+                mode = os.lstat(name, dir_fd=fd).st_mode
+                if stat.S_ISDIR(mode):  # a folder where a protected file belongs: removed, then restored
+                    remove_tree(root / path)
+                elif not stat.S_ISREG(mode):
                     os.unlink(name, dir_fd=fd)  # a symlink where a protected file belongs: never written through
             except FileNotFoundError:
                 pass

@@ -43,6 +43,7 @@ from pathlib import Path
 from mimo_kit.config.base import Config, ConfigError, knob
 from mimo_kit.envs import fsview
 from mimo_kit.envs.cgroups import CommandCgroup
+from mimo_kit.envs.health import InfraError
 from mimo_kit.envs.isolation import (
     CLONE_NEWIPC,
     CLONE_NEWNET,
@@ -68,8 +69,9 @@ UNSHARE_SIGKILL = "unshare: sigprocmask unblock failed: Invalid argument\n"
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class SandboxError(RuntimeError):
-    """The sandbox cannot run a command as configured; the message names the layer or value."""
+class SandboxError(InfraError):
+    """The sandbox cannot run a command as configured; the message names the layer or value (a failed health
+    check: the rollout that needed it is dropped, :mod:`mimo_kit.envs.health`)."""
 
 
 @dataclasses.dataclass
@@ -305,7 +307,8 @@ def spawn_sandboxed(cmd: str | Sequence[str], cwd: str | Path, *, cfg: SandboxCo
         argv = ["unshare", "-rn", "--"] + argv
     layers = tuple(x for x, on in {"uid": uid is not None, "no_new_privs": True, "network_namespace": netns,
                                    "mount_namespace": view_on, "pid_namespace": pidns,
-                                   "cgroup": bool(caps.cgroup), "seccomp": caps.seccomp}.items() if on)
+                                   "cgroup": bool(caps.cgroup), "seccomp": caps.seccomp,
+                                   "file_locks": caps.layers["file_locks"]}.items() if on)
     missing = [x for x in cfg.require if x not in layers and x != "volume"]
     if missing:
         if own_uid:

@@ -176,6 +176,17 @@ def relative_to_workspace(text: str, root: Path) -> str:
     return text
 
 
+#: Where the episode's Python writes bytecode, under its HOME: a module imported (or compiled) after its last change
+#: leaves a ``.pyc`` whose header names that version's mtime and size, an effect of running the code that the
+#: behaviour score reads (:func:`mimo_kit.harness.envs.compiled_after_change`), never the words of a command.
+PYCACHE = ".pycache"
+
+
+def bytecode_env(ws: Workspace) -> dict[str, str]:
+    """The bash tool's Python writes bytecode to ``HOME/.pycache`` (mirroring the source paths), not beside it."""
+    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(ws.home / PYCACHE)}
+
+
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
     def bash(command: str) -> str:
         size = len(command.encode("utf-8"))
@@ -184,7 +195,7 @@ def bash_tool(ws: Workspace, timeout_s: float) -> Tool:
                             "(write long content to a file in several commands)")
         ws.commands.append(command)
         r = run_sandboxed(command, ws.root, timeout_s=timeout_s, cfg=ws.sandbox, uid=ws.uid, home=ws.home,
-                          network=ws.network)
+                          network=ws.network, env=bytecode_env(ws))
         tail = f"\n[exit code {r.returncode}{', timed out' if r.timed_out else ''}]"
         return relative_to_workspace(r.output or "", ws.root) + tail
 

@@ -14,132 +14,66 @@ rendered with Pillow's ``ImageDraw`` (a real renderer from PyPI; a dependency of
 (``kind: replicate``) pass when the similarity ``1 − mean |a − b| / 255`` over RGB pixels against the hidden
 reference program's rendering reaches the task's threshold; open-ended tasks (``kind: open``) pass when every
 rubric item holds (an unparsable program fails every item: *execution first*).
+
+The language, its limits and the grading rules live in :mod:`mimo_kit.envs.render` (re-exported here). Every
+program is bounded when parsed (coordinates within ``COORD_MARGIN`` of the canvas, radius and rectangle sides at
+most ``MAX_SIZE``, line width at most ``MAX_LINE_WIDTH``, colour components 0..255, at most ``MAX_SHAPES`` shapes),
+and :func:`grade_drawing` parses, renders and compares an agent's program in a sandboxed child under
+``VisualConfig.render_timeout_s``: a program that breaks the limits, a stalled or crashed renderer is a failed
+grade with its reason, never an exception or a stall of the trainer's process.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
-import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageColor, ImageDraw
+from PIL import Image
+
+from mimo_kit.config.base import Config, knob
+from mimo_kit.envs import render as _render
+from mimo_kit.envs.hidden_tests import grader_python
+from mimo_kit.envs.render import (  # noqa: F401  (the language's limits, re-exported)
+    COORD_MARGIN,
+    MAX_LINE_WIDTH,
+    MAX_POLYGON_POINTS,
+    MAX_PROGRAM_CHARS,
+    MAX_SHAPES,
+    MAX_SIDE,
+    MAX_SIZE,
+    MAX_TOKEN_CHARS,
+    RUBRIC_TYPES,
+    Drawing,
+    DrawingError,
+    Shape,
+    check_rubric_item,
+    parse_drawing,
+    render,
+    similarity,
+)
+from mimo_kit.envs.sandbox import SandboxConfig, SandboxError, run_sandboxed
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "visual"
-MAX_SIDE = 256  # toy canvases; also bounds the work an agent's program can ask for
-_ARITY = {"canvas": 3, "rect": 5, "circle": 4, "line": (5, 6), "polygon": None}
-
-
-class DrawingError(ValueError):
-    """A drawing program that cannot be rendered; the message names the line and the bad token."""
-
-
-@dataclasses.dataclass
-class Shape:
-    kind: str
-    color: tuple[int, int, int]
-    coords: tuple[int, ...]
-    width: int = 1
+#: Bytes of the renderer's answer read back: a 256 × 256 RGB rendering in base64 is 256 KiB; a grade is < 1 KiB.
+ANSWER_LIMIT = 1 << 20
+#: The renderer's sandbox: one Python process with Pillow (~40 MB resident, well under a second of CPU).
+RENDER_SANDBOX = {"cpu_s": 10, "memory_mb": 256, "nproc": 4, "output_limit": ANSWER_LIMIT}
 
 
 @dataclasses.dataclass
-class Drawing:
-    width: int
-    height: int
-    background: tuple[int, int, int]
-    shapes: list[Shape]
+class VisualConfig(Config):
+    """How agent drawings are graded (Report §4.2, visual tasks); the report publishes none of these."""
 
+    render_timeout_s: float = knob(5.0, "parse + render + compare of a bounded program takes ~0.1 s with the "
+                                        "child's start; 5 s bounds a stalled renderer on a loaded machine", min=0.1)
+    sandbox: SandboxConfig = dataclasses.field(default_factory=lambda: SandboxConfig(**RENDER_SANDBOX))
 
-def _color(token: str, line_no: int) -> tuple[int, int, int]:
-    try:
-        return ImageColor.getrgb(token)[:3]
-    except ValueError:
-        raise DrawingError(f"line {line_no}: {token!r} is not a colour (a name like 'red' or #rrggbb)") from None
-
-
-def _ints(tokens: list[str], line_no: int) -> list[int]:
-    out = []
-    for t in tokens:
-        try:
-            out.append(int(t))
-        except ValueError:
-            raise DrawingError(f"line {line_no}: {t!r} is not an integer") from None
-    return out
-
-
-def parse_drawing(text: str) -> Drawing:
-    """Parse a program; the first statement must be ``canvas W H COLOUR``."""
-    canvas, shapes = None, []
-    for no, raw in enumerate(text.splitlines(), 1):
-        tokens = raw.split()
-        for i, t in enumerate(tokens):  # a comment starts at a '#' token that is not a #rrggbb colour
-            if t.startswith("#") and not re.fullmatch(r"#[0-9a-fA-F]{6}", t):
-                tokens = tokens[:i]
-                break
-        if not tokens:
-            continue
-        op, args = tokens[0], tokens[1:]
-        if op not in _ARITY:
-            raise DrawingError(f"line {no}: unknown statement {op!r}; expected one of {', '.join(_ARITY)}")
-        if op == "canvas":
-            if canvas is not None or shapes:
-                raise DrawingError(f"line {no}: 'canvas' must come once, first")
-            if len(args) != 3:
-                raise DrawingError(f"line {no}: canvas takes width height colour, got {len(args)} arguments")
-            w, h = _ints(args[:2], no)
-            if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE):
-                raise DrawingError(f"line {no}: canvas {w}x{h} is outside 1..{MAX_SIDE}")
-            canvas = (w, h, _color(args[2], no))
-            continue
-        if canvas is None:
-            raise DrawingError(f"line {no}: the program must start with 'canvas W H COLOUR'")
-        if op == "polygon":
-            if len(args) < 7 or len(args) % 2 == 0:
-                raise DrawingError(f"line {no}: polygon takes a colour and at least 3 x y pairs")
-            shapes.append(Shape(op, _color(args[0], no), tuple(_ints(args[1:], no))))
-            continue
-        arity = _ARITY[op]
-        ok = len(args) in arity if isinstance(arity, tuple) else len(args) == arity
-        if not ok:
-            raise DrawingError(f"line {no}: {op} takes {arity} arguments, got {len(args)}")
-        if op == "line":
-            nums = _ints(args[:4], no)
-            width = _ints(args[5:], no)[0] if len(args) == 6 else 1
-            shapes.append(Shape(op, _color(args[4], no), tuple(nums), width))
-        else:
-            nums = _ints(args[:-1], no)
-            shapes.append(Shape(op, _color(args[-1], no), tuple(nums)))
-    if canvas is None:
-        raise DrawingError("empty program: expected 'canvas W H COLOUR' first")
-    return Drawing(*canvas, shapes)
-
-
-def render(drawing: Drawing | str) -> Image.Image:
-    """Render with Pillow (``ImageDraw``)."""
-    d = parse_drawing(drawing) if isinstance(drawing, str) else drawing
-    img = Image.new("RGB", (d.width, d.height), d.background)
-    draw = ImageDraw.Draw(img)
-    for s in d.shapes:
-        c = s.coords
-        if s.kind == "rect":
-            draw.rectangle([c[0], c[1], c[0] + c[2] - 1, c[1] + c[3] - 1], fill=s.color)
-        elif s.kind == "circle":
-            draw.ellipse([c[0] - c[2], c[1] - c[2], c[0] + c[2], c[1] + c[2]], fill=s.color)
-        elif s.kind == "line":
-            draw.line(list(c), fill=s.color, width=s.width)
-        elif s.kind == "polygon":
-            draw.polygon(list(c), fill=s.color)
-    return img
-
-
-def similarity(a: Image.Image, b: Image.Image) -> float:
-    """1 − mean absolute RGB difference / 255, after resizing ``a`` to ``b``'s size (nearest)."""
-    if a.size != b.size:
-        a = a.resize(b.size, Image.NEAREST)
-    x = np.asarray(a, dtype=np.float64)
-    y = np.asarray(b, dtype=np.float64)
-    return float(1 - np.abs(x - y).mean() / 255)
+    PRESETS = {"tiny": {"sandbox": RENDER_SANDBOX}}
 
 
 # ---- tasks --------------------------------------------------------------------------------------------------------
@@ -162,50 +96,15 @@ def load_visual_task(path: str | Path) -> VisualTask:
                       float(data.get("threshold", 0.97)), data.get("rubric", []))
     if task.kind == "replicate":
         parse_drawing(task.reference)
+    for item in task.rubric:
+        if not isinstance(item, dict) or item.get("type") not in RUBRIC_TYPES or "id" not in item:
+            raise DrawingError(f"visual task {str(path)!r}: rubric item {item!r}, expected an 'id' and a 'type' "
+                               f"among {list(RUBRIC_TYPES)}")
     return task
 
 
 def shipped_visual_tasks(directory: str | Path = DATA_DIR) -> list[VisualTask]:
     return [load_visual_task(p) for p in sorted(Path(directory).glob("*.json"))]
-
-
-def _shapes_of(d: Drawing, kind: str, color: str | None) -> list[Shape]:
-    want = ImageColor.getrgb(color)[:3] if color else None
-    return [s for s in d.shapes if s.kind == kind and (want is None or _near(s.color, want))]
-
-
-def _near(a, b, tol: int = 60) -> bool:
-    return sum(abs(x - y) for x, y in zip(a, b)) <= tol
-
-
-def check_rubric_item(item: dict, d: Drawing) -> bool:
-    """Open-ended design items: ``canvas``, ``has_shape``, ``min_shapes``, ``colors_at_least``, ``inside``,
-    ``above`` (one shape's centre above another's)."""
-    t = item["type"]
-    if t == "canvas":
-        return (d.width, d.height) == tuple(item["size"])
-    if t == "has_shape":
-        return len(_shapes_of(d, item["shape"], item.get("color"))) >= item.get("count", 1)
-    if t == "min_shapes":
-        return len(d.shapes) >= item["n"]
-    if t == "colors_at_least":
-        return len({s.color for s in d.shapes} | {d.background}) >= item["n"]
-    if t == "inside":
-        for s in d.shapes:
-            xs, ys = s.coords[0::2], s.coords[1::2]
-            if s.kind == "circle":
-                xs, ys = (s.coords[0] - s.coords[2], s.coords[0] + s.coords[2]), (s.coords[1] - s.coords[2],
-                                                                                  s.coords[1] + s.coords[2])
-            elif s.kind == "rect":
-                xs, ys = (s.coords[0], s.coords[0] + s.coords[2]), (s.coords[1], s.coords[1] + s.coords[3])
-            if min(xs) < 0 or min(ys) < 0 or max(xs) > d.width or max(ys) > d.height:
-                return False
-        return True
-    if t == "above":
-        a = _shapes_of(d, item["shape"], item["upper"])
-        b = _shapes_of(d, item["shape"], item["lower"])
-        return bool(a and b) and a[0].coords[1] < b[0].coords[1]
-    raise DrawingError(f"rubric item {item.get('id')!r}: unknown type {t!r}")
 
 
 @dataclasses.dataclass
@@ -218,30 +117,93 @@ class VisualGrade:
     reason: str
 
 
-def grade_drawing(task: VisualTask, program: str) -> VisualGrade:
-    """Replication: similarity ≥ threshold. Open-ended: every rubric item. Unparsable programs score 0."""
+def run_renderer(request: dict, cfg: VisualConfig | None = None) -> tuple[dict | None, str]:
+    """Run one request of :mod:`mimo_kit.envs.render` (``grade`` or ``render``) in a sandboxed child under
+    ``cfg.render_timeout_s``: the agent's program is parsed and drawn outside the trainer's process, so a program
+    that stalls Pillow (holding the GIL) or crashes it costs that child only. Returns (the child's answer, "") or
+    (None, why there is none: the deadline, a crash, an unreadable answer). A child that could not start its
+    renderer at all (exit status 1 before any answer: no Pillow for its Python) is the infrastructure's
+    :class:`SandboxError`, as is a sandbox that cannot start: never a grade of 0 for every drawing."""
+    cfg = cfg or VisualConfig()
+    work = Path(tempfile.mkdtemp(prefix="mimo-render-"))  # root-only but enterable; the child reads its script
     try:
-        d = parse_drawing(program)
-        img = render(d)
-    except DrawingError as e:
-        return VisualGrade(task.id, False, 0.0, 0.0, {}, f"does not render: {e}")
-    if task.kind == "replicate":
-        sim = similarity(img, render(task.reference))
-        ok = sim >= task.threshold
-        return VisualGrade(task.id, ok, float(ok), sim, {"similarity": round(sim, 4)},
-                           f"similarity {sim:.3f} {'≥' if ok else '<'} threshold {task.threshold}")
-    items = {it["id"]: check_rubric_item(it, d) for it in task.rubric}
-    score = sum(items.values()) / max(1, len(items))
-    ok = all(items.values())
-    failed = [k for k, v in items.items() if not v]
-    return VisualGrade(task.id, ok, float(ok), score, items, "all rubric items hold" if ok else f"fails {failed}")
+        work.chmod(0o711)
+        script = work / "render.py"
+        shutil.copyfile(_render.__file__, script)
+        script.chmod(0o644)
+        r = run_sandboxed([grader_python(), "-I", str(script)], work, timeout_s=cfg.render_timeout_s,
+                          cfg=cfg.sandbox, stdin=json.dumps(request, ensure_ascii=True).encode("ascii"),
+                          visible=(str(work),))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if r.timed_out:
+        return None, f"the renderer did not finish within {cfg.render_timeout_s:g} s"
+    if r.returncode == 1 and not r.stdout.strip():
+        raise SandboxError(f"the renderer could not start: {r.stderr.strip()[-500:]}")
+    if r.returncode != 0:
+        why = "out of memory" if r.oom_killed else f"exit status {r.returncode}"
+        return None, f"the renderer failed ({why}): {r.stderr.strip()[-300:]}"
+    lines = r.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        return None, f"the renderer gave no answer: {r.stdout[-200:]!r}"
+    if "crash" in answer:
+        return None, f"the renderer failed: {str(answer['crash'])[:300]}"
+    return answer, ""
+
+
+def _task_data(task: VisualTask) -> dict:
+    return {"kind": task.kind, "threshold": task.threshold, "reference": task.reference, "rubric": task.rubric}
+
+
+def grade_drawing(task: VisualTask, program: str, cfg: VisualConfig | None = None) -> VisualGrade:
+    """Replication: similarity ≥ threshold. Open-ended: every rubric item. Unparsable programs score 0.
+
+    The agent's program is parsed, rendered and compared in a sandboxed child (:func:`run_renderer`, next to the
+    task's own reference rendering) under ``cfg.render_timeout_s``; a program that does not render, a renderer that
+    misses the deadline, crashes or answers nonsense is a failed grade naming the reason, never an exception."""
+    if not isinstance(program, str) or len(program) > MAX_PROGRAM_CHARS:
+        try:
+            parse_drawing(program)  # names the problem without starting the renderer
+        except DrawingError as e:
+            return VisualGrade(task.id, False, 0.0, 0.0, {}, f"does not render: {e}")
+    answer, why = run_renderer({"op": "grade", "task": _task_data(task), "program": program}, cfg)
+    if answer is None:
+        return VisualGrade(task.id, False, 0.0, 0.0, {}, why)
+    passed, score, details, reason = (answer.get(k) for k in ("passed", "score", "details", "reason"))
+    if not (isinstance(passed, bool) and isinstance(score, (int, float)) and isinstance(details, dict)
+            and isinstance(reason, str)):
+        return VisualGrade(task.id, False, 0.0, 0.0, {}, f"the renderer's answer is malformed: {str(answer)[:200]}")
+    return VisualGrade(task.id, passed, float(passed), float(score), details, reason)
+
+
+def render_sandboxed(program: str, cfg: VisualConfig | None = None) -> Image.Image:
+    """An agent's program rendered in a sandboxed child (:func:`run_renderer`); :class:`DrawingError` names why
+    there is no picture (the program, the deadline, a crash)."""
+    answer, why = run_renderer({"op": "render", "program": program}, cfg)
+    if answer is None:
+        raise DrawingError(why)
+    if "error" in answer:
+        raise DrawingError(str(answer["error"]))
+    try:
+        w, h = answer["size"]
+        data = base64.b64decode(answer["rgb"], validate=True)
+        if not (1 <= w <= MAX_SIDE and 1 <= h <= MAX_SIDE and len(data) == w * h * 3):
+            raise ValueError(f"{w}x{h} with {len(data)} bytes")
+    except (KeyError, TypeError, ValueError) as e:
+        raise DrawingError(f"the renderer's answer is malformed: {e}") from None
+    return Image.frombytes("RGB", (w, h), data)
 
 
 # ---- the image path into the multimodal model (Report §2.2) ----------------------------------------------------
-def task_image(task: VisualTask, program: str | None = None, size: int = 16):
+def task_image(task: VisualTask, program: str | None = None, size: int = 16, cfg: VisualConfig | None = None):
     """A visual task's picture as the tensor a MiMo-ViT takes: [1, 3, size, size] floats in [0, 1].
 
-    The picture is ``program`` rendered when given (e.g. an agent's ``drawing.txt``), else the task's own: a
+    The picture is ``program`` rendered when given (e.g. an agent's ``drawing.txt``: rendered in a sandboxed child,
+    :func:`render_sandboxed`; :class:`DrawingError` names why when it does not render), else the task's own: a
     replication task's hidden reference program, rendered by Pillow. Open-ended tasks define no picture (only an
     instruction and a rubric), so for them the image is rendered deterministically from the task's data: a blank
     canvas of the rubric's ``canvas`` size (64 × 64 without one) in white. The rendering is letterboxed onto a white
@@ -251,12 +213,13 @@ def task_image(task: VisualTask, program: str | None = None, size: int = 16):
 
     if size < 1:
         raise ValueError(f"task_image: size={size}; expected a positive side in pixels")
+    trusted = program is None
     if program is None and task.kind == "replicate":
         program = task.reference
     if program is None:
         w, h = next((tuple(it["size"]) for it in task.rubric if it.get("type") == "canvas"), (64, 64))
         program = f"canvas {w} {h} white\n"
-    img = render(program)
+    img = render(program) if trusted else render_sandboxed(program, cfg)
     side = max(img.size)
     square = Image.new("RGB", (side, side), (255, 255, 255))
     square.paste(img, ((side - img.width) // 2, (side - img.height) // 2))

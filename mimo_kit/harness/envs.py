@@ -8,15 +8,29 @@ grades with the environment's own grader. Use as a context manager so the worksp
 from __future__ import annotations
 
 import os
+import re
+import struct
+import sys
+from pathlib import Path
 
 from mimo_kit.envs import code as code_env
 from mimo_kit.envs import cyber as cyber_env
 from mimo_kit.envs.hacks import audited_reward
 from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
-from mimo_kit.envs.tools import Tool, Workspace
+from mimo_kit.envs.tools import PYCACHE, Tool, Workspace
 from mimo_kit.envs.uids import release_uid
 from mimo_kit.envs.volume import EpisodeVolume
+
+#: How much of the tests' output a grade carries: its head (the agent's prints) and its tail (the judge's notes on
+#: failures); the agent can print megabytes, and each grade travels with its rollout.
+OUTPUT_CHARS = 4000
+
+
+def _ends(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}\n[... {len(text) - limit:,} characters cut ...]\n{text[-limit // 2:]}"
 
 
 class BaseEnv:
@@ -71,8 +85,38 @@ class CodeEnv(BaseEnv):
         if self.audit and g.reason.startswith("workspace refused") and "holds more than" not in g.reason:
             # names or trees no repository has (not UTF-8, control characters, too deep): hostile, not just big
             reasons.append(f"the grader refused the workspace ({g.reason[len('workspace refused: '):][:160]})")
-        return {"reward": reward, "tests_passed": g.passed, "reason": g.reason, "diff": g.diff,
-                "hack_flags": reasons, "test_output": g.test_output}
+        if g.unstable:  # independent gradings disagreed: a pass by chance is no pass (GradeCache)
+            reasons.append("unstable verdict: independent gradings of this patch disagreed")
+        return {"reward": reward, "tests_passed": g.passed, "reason": g.reason,
+                **code_env.diff_summary(g.diff, self.cfg),
+                "hack_flags": reasons, "test_output": _ends(g.test_output, OUTPUT_CHARS),
+                "checked": compiled_after_change(self.workspace, g.diff)}
+
+
+def compiled_after_change(ws: Workspace, diff: str) -> bool:
+    """Whether the episode ran its change: every Python file the diff changes was imported (or compiled) after
+    its last change, read from the bytecode its commands left (``HOME/.pycache``, :data:`~mimo_kit.envs.tools.PYCACHE`)
+    whose header names the final file's mtime and size (PEP 552: magic, flags 0, mtime, size). An effect on the
+    episode's files, not the words of a command: ``sed -n 1p`` then ``python3 -c 0`` leaves no such file.
+    Read as root without following links (:func:`~mimo_kit.envs.patches.read_regular`)."""
+    paths = sorted({m for m in re.findall(r"^\+\+\+ b/(\S+\.py)$", diff, re.M)})
+    if not paths:
+        return False
+    cache = ws.home / PYCACHE
+    for rel in paths:
+        try:
+            st = os.lstat(ws.root / rel)
+            folder = Path(os.path.realpath(ws.root)).relative_to("/") / os.path.dirname(rel)
+            stem = os.path.basename(rel)[:-3]
+            pyc = read_regular(cache, f"{folder}/{stem}.{sys.implementation.cache_tag}.pyc", 2**20)
+        except (OSError, ValueError, UnsafePatch):
+            return False
+        if pyc is None or len(pyc) < 16:
+            return False
+        flags, mtime, size = struct.unpack("<III", pyc[4:16])
+        if flags != 0 or mtime != int(st.st_mtime) & 0xFFFFFFFF or size != st.st_size & 0xFFFFFFFF:
+            return False
+    return True
 
 
 class CyberEnv(BaseEnv):

@@ -19,10 +19,13 @@ text the template adds after what the model already saw, so the token stream is 
 
 **Errors** the harness meets while running land on the action's segment as ``Segment.errors``: ``format`` (the
 action does not parse), ``unknown_tool``, ``tool_arguments`` (a tool refused its arguments), ``truncated`` (no end
-of turn within the token budget); the feedback the model gets is the observation. A tool that crashes or a policy
-that fails is the infrastructure's fault: the sequence ends as ``infra_error`` and the penalty module drops it
-instead of punishing the model. **Context management** that rewrites earlier messages (``keep_last``) opens a new
-context holding the rewritten history (its turns are context there, ``source="env"``, never trained twice).
+of turn within the token budget); the feedback the model gets is the observation. One rule decides what is the
+infrastructure's fault (:mod:`mimo_kit.envs.health`): only a failed health check (:class:`InfraError`: a sandbox
+that did not start) or a policy that fails ends the sequence as ``infra_error``, which the penalty module drops; a
+tool or a grader that raises anything else on what the agent wrote is that action's tool error or that episode's
+failed grade (reward 0, with the reason), never a dropped rollout. **Context management** that rewrites earlier
+messages (``keep_last``) opens a new context holding the rewritten history (its turns are context there,
+``source="env"``, never trained twice).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from mimo_kit.envs.health import InfraError, describe
 from mimo_kit.envs.tools import ToolError
 from mimo_kit.harness.config import HarnessConfig, build_prompt, get_harness, make_registry, manage_context, truncate
 from mimo_kit.harness.formats import FormatError, get_format
@@ -188,10 +192,12 @@ class HarnessEpisode:
                 except ToolError as e:
                     obs = f"Tool error: {e}"
                     error = error or ("unknown_tool" if call.name not in self.tools.tools else "tool_arguments")
-                except Exception as e:  # noqa: BLE001 - a crashing tool is the infrastructure's fault
+                except InfraError as e:  # the tool's own health check failed (its sandbox did not start)
                     self.finish = "infra_error"
-                    return Turn(done=True, infra_error=f"tool {call.name!r} crashed: {type(e).__name__}: {e}",
-                                action_text=text)
+                    return Turn(done=True, infra_error=f"tool {call.name!r}: {describe(e)}", action_text=text)
+                except Exception as e:  # noqa: BLE001 - the tool failed on what the agent gave it: its action fails
+                    obs = f"Tool error: {call.name} failed on these arguments ({describe(e, 200)})"
+                    error = error or "tool_arguments"
                 observations.append(truncate(obs, self.cfg.obs_max_chars))
                 if call.name in self.tools.tools and self.tools.tools[call.name].ends_episode and \
                         not obs.startswith("Tool error"):
@@ -228,9 +234,21 @@ class HarnessEpisode:
         tail = "\n" + header("assistant")
         return Turn(Segment("tool", ids + self.tok.encode(tail), text=shown + tail), error=error, action_text=text)
 
+    def close(self) -> None:
+        """Release the environment (its episode volume and leased uid), once; a pool tenant's episode is closed
+        when the tenant is dropped, an unfinished one too."""
+        if not getattr(self, "_env_released", False) and callable(getattr(self.env, "close", None)):
+            self._env_released = True
+            self.env.close()
+
     def outcome(self) -> Outcome:
         """The environment's grade, called once after the episode ended (submit or a limit)."""
-        grade = self.env.grade()
+        try:
+            grade = self.env.grade()
+        except InfraError:  # a failed health check of the grader: the driver drops the rollout
+            raise
+        except Exception as e:  # noqa: BLE001 - grading what the agent left failed: its grade, scored 0
+            grade = {"reward": 0.0, "passed": False, "reason": f"grading failed: {describe(e)}"}
         reward = float(grade.get("reward", 0.0))
         passed = bool(grade.get("passed", grade.get("tests_passed", reward >= 1.0)))
         return Outcome(reward, passed and reward > 0, {

@@ -17,6 +17,8 @@ import json
 import re
 from typing import Any
 
+from mimo_kit.rl.model_json import MalformedJSON, read_json
+
 
 @dataclasses.dataclass
 class ToolCall:
@@ -29,15 +31,22 @@ class FormatError(ValueError):
 
 
 def loads(text: str, what: str) -> Any:
-    """``json.loads`` of model text: whatever it fails on (a syntax error, 3,000 nested ``[``, a 5,000-digit
-    number over Python's int-conversion limit) is the model's :class:`FormatError`, never an exception that ends
-    the episode or the batch."""
+    """``json.loads`` of model text (:func:`mimo_kit.rl.model_json.read_json`, the one reader the penalty rules use
+    too): whatever it fails on (a syntax error, 3,000 nested ``[``, a 5,000-digit number over Python's
+    int-conversion limit) is the model's :class:`FormatError`, never an exception that ends the episode or the
+    batch."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise FormatError(f"{what} are not valid JSON: {e.msg} at char {e.pos}") from None
-    except (ValueError, RecursionError) as e:  # int digits limit, nesting deeper than the parser's stack
-        raise FormatError(f"{what} cannot be read: {type(e).__name__}: {str(e)[:120]}") from None
+        return read_json(text, what)
+    except MalformedJSON as e:
+        raise FormatError(str(e)) from None
+
+
+def _through_last(text: str, close: str) -> str:
+    """``text`` up to its last ``close`` tag: a lazy ``<open>(.*?)<close>`` pattern scanned over the rest would try
+    every opening tag to the end of the text (quadratic: 300 KB of unclosed ``<tool name="x">`` took 34 s); before
+    the last closing tag each opening's scan stops at the next one, so a search is linear."""
+    end = text.rfind(close)
+    return text[: end + len(close)] if end >= 0 else ""
 
 
 class ActionFormat:
@@ -120,7 +129,7 @@ class XMLFormat(ActionFormat):
     _ARG = re.compile(r"<arg\s+name=\"([\w-]+)\"\s*>(.*?)</arg>", re.S)
 
     def parse(self, text: str) -> list[ToolCall]:
-        tools = self._TOOL.findall(text)
+        tools = self._TOOL.findall(_through_last(text, "</tool>"))
         if not tools:
             if "<tool" in text:
                 raise FormatError('malformed <tool> element: expected <tool name="NAME">...</tool>')
@@ -128,13 +137,14 @@ class XMLFormat(ActionFormat):
         out = []
         for name, body in tools:
             args: dict[str, Any] = {}
-            for key, value in self._ARG.findall(body):
+            head = _through_last(body, "</arg>")
+            for key, value in self._ARG.findall(head):
                 value = value.strip("\n")
                 try:  # numbers and lists arrive as JSON, everything else as text
                     args[key] = loads(value, "") if value[:1] in "[{0123456789-" else value
                 except FormatError:
                     args[key] = value
-            leftover = self._ARG.sub("", body).strip()
+            leftover = (self._ARG.sub("", head) + body[len(head):]).strip()
             if leftover:
                 raise FormatError(f"tool {name!r}: text outside <arg> elements: {leftover[:60]!r}")
             out.append(ToolCall(name, args))

@@ -320,6 +320,9 @@ def _grade(todo: list[Rollout], workers: int) -> None:
     for r, o in zip(todo, results):
         if not isinstance(o, Outcome):
             raise TypeError(f"rollout {r.request_id}: episode.outcome returned {type(o).__name__}, expected Outcome")
+        if r.infra_error is None and o.metadata.get("infra_error"):  # graded where it lives (a pool host) and
+            # failed there as it would have here: the same rollout ends the same way on both paths (dropped)
+            r.finish, r.infra_error = "infra_error", str(o.metadata["infra_error"])[:300]
         r.outcome = o
 
 

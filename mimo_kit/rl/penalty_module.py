@@ -16,23 +16,36 @@ not be punished as model errors"). Only the harness or the environment raises th
 recorded error); text in a tool's output never does, since the agent writes it. The kit's action format is
 ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (tag name in ``PenaltyRulesConfig``), read from each
 segment's stored ``text``.
+
+The rules read text the model wrote, so they hold on any text (Report §6.1: a penalty pass runs over the whole
+batch): tags are found in one forward scan, call bodies are read by the bounded JSON reader the harness's action
+formats use too (:func:`mimo_kit.rl.model_json.read_json`: 3,000 nested ``[`` or a 5,000-digit number is a
+malformed call, not a ``RecursionError``), and a rule that still raises on a sequence is *isolated*:
+:class:`PenaltyModule` turns the exception into findings of :data:`UNREADABLE` on that sequence's generated
+segments, bound to the module's ``on_error`` strategy (default ``shape``: output the rules cannot read is a format
+error, the model's own, like a malformed call; it never drops the sequence, since text must not turn a failing run
+into a dropped one). The other sequences of the batch get exactly the findings they get without it.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import json
 import re
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from mimo_kit.rl.config import RULES
+from mimo_kit.rl.model_json import MalformedJSON, read_json
 from mimo_kit.rl.trajectory import Sample
 from mimo_kit.rl.trajectory import Sequence as Run
 
 STRATEGIES = ("mask", "shape", "monitor", "early_stop")
+#: The rule name of the findings that stand for a rule which raised on a sequence (see :class:`PenaltyModule`).
+UNREADABLE = "unreadable_output"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +67,30 @@ class Rule(Protocol):
 
 
 def _actions(text: str, tag: str) -> list[tuple[int, int, str]]:
-    """(char_start, char_end, body) of each well-formed ``<tag>body</tag>`` in ``text``."""
-    return [(m.start(), m.end(), m.group(1)) for m in re.finditer(rf"<{tag}>(.*?)</{tag}>", text, re.DOTALL)]
+    """(char_start, char_end, body) of each well-formed ``<tag>body</tag>`` in ``text``: the matches of
+    ``<tag>(.*?)</tag>`` (DOTALL), found in one forward scan (the lazy regex rescans to the end from every unclosed
+    ``<tag>``: quadratic in text full of them)."""
+    opening, closing = re.compile(f"<{tag}>"), re.compile(f"</{tag}>")
+    out, pos = [], 0
+    while (m := opening.search(text, pos)) and (c := closing.search(text, m.end())):
+        out.append((m.start(), c.end(), text[m.end():c.start()]))
+        pos = c.end()
+    return out
+
+
+def _spans(seg) -> Callable[[int, int], tuple[int, int]]:
+    """``seg.token_span`` by bisection where the offsets are sorted (a tokenizer's are): the same spans, in
+    O(log n) each, so a segment with thousands of calls stays linear."""
+    offsets = seg.offsets
+    if offsets is None or any(a > b for a, b in zip(offsets, offsets[1:])):
+        return seg.token_span
+
+    def span(char_start: int, char_end: int) -> tuple[int, int]:
+        start = max(bisect.bisect_right(offsets, char_start) - 1, 0)
+        end = bisect.bisect_left(offsets, char_end) or start + 1
+        return (start, max(end, start + 1))
+
+    return span
 
 
 def _model_segments(sequence: Run) -> Iterable[tuple[int, int, object]]:
@@ -66,10 +101,11 @@ def _model_segments(sequence: Run) -> Iterable[tuple[int, int, object]]:
 
 
 def _parse(body: str) -> tuple[dict | None, str]:
+    """The call in a tag's body, read by the bounded reader; (None, why) when it is malformed."""
     try:
-        call = json.loads(body)
-    except json.JSONDecodeError as e:
-        return None, f"arguments are not JSON ({e.msg})"
+        call = read_json(body, "arguments")
+    except MalformedJSON as e:
+        return None, str(e)
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         return None, "call has no string 'name'"
     if not isinstance(call.get("arguments", {}), dict):
@@ -89,11 +125,12 @@ class UnknownToolRule:
     def detect(self, sequence: Run) -> list[Finding]:
         out = []
         for c, s, seg in _model_segments(sequence):
+            span = _spans(seg)
             for a, b, body in _actions(seg.text, self.tag):
                 call, _ = _parse(body)
                 if call is not None and call["name"] not in self.known_tools:
-                    out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b),
-                                       f"tool {call['name']!r} not in {list(self.known_tools)!r}"))
+                    out.append(Finding(self.name, sequence.sequence_id, c, s, span(a, b),
+                                       f"tool {call['name'][:200]!r} not in {list(self.known_tools)!r}"))
         return out
 
 
@@ -108,10 +145,11 @@ class MalformedArgumentsRule:
     def detect(self, sequence: Run) -> list[Finding]:
         out = []
         for c, s, seg in _model_segments(sequence):
+            span = _spans(seg)
             for a, b, body in _actions(seg.text, self.tag):
                 call, why = _parse(body)
                 if call is None:
-                    out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b), why))
+                    out.append(Finding(self.name, sequence.sequence_id, c, s, span(a, b), why))
         return out
 
 
@@ -134,7 +172,7 @@ class BrokenMarkupRule:
                     break
                 depth += -1 if closing else 1
             if where is None and depth:
-                where = list(re.finditer(rf"<{self.tag}>", seg.text))[-1]
+                where = deque(re.finditer(rf"<{self.tag}>", seg.text), maxlen=1)[0]  # the last opening tag
             if where is not None:
                 out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(where.start(), len(seg.text)),
                                    f"unbalanced <{self.tag}> markup at char {where.start()}"))
@@ -157,15 +195,27 @@ class RepeatedActionRule:
             for s, seg in enumerate(ctx.segments):
                 if not (seg.trainable and seg.text is not None):
                     continue
+                span = _spans(seg)
                 for a, b, body in _actions(seg.text, self.tag):
                     call, _ = _parse(body)
-                    key = json.dumps(call, sort_keys=True) if call is not None else body.strip()
+                    key = _key(call, body)
                     run = run + 1 if key == last else 1
                     last = key
                     if run >= self.max_repeats:
-                        out.append(Finding(self.name, sequence.sequence_id, c, s, seg.token_span(a, b),
+                        out.append(Finding(self.name, sequence.sequence_id, c, s, span(a, b),
                                            f"identical action repeated {run} times"))
         return out
+
+
+def _key(call: dict | None, body: str) -> str:
+    """A call's identity: its name and arguments (key order aside), else (malformed, or too deep to write back)
+    its text."""
+    if call is not None:
+        try:
+            return json.dumps(call, sort_keys=True)
+        except (RecursionError, ValueError):
+            pass
+    return body.strip()
 
 
 @dataclasses.dataclass
@@ -230,9 +280,17 @@ class PenaltyReport:
 
 
 class PenaltyModule:
-    """Rules × strategies (Report §6.1). ``bindings`` pairs each rule with one strategy of ``STRATEGIES``."""
+    """Rules × strategies (Report §6.1). ``bindings`` pairs each rule with one strategy of ``STRATEGIES``.
 
-    def __init__(self, bindings: Sequence[tuple[Rule, str]]):
+    A rule that raises on a sequence fails that sequence only: the exception becomes one :data:`UNREADABLE` finding
+    per generated segment of the sequence (the whole segment: the rule could not say where), bound to ``on_error``
+    (default ``shape``, a format error of the model's). Such findings never drop a sequence, whatever the raising
+    rule's ``infra``; the batch's other sequences get exactly the findings they get without it."""
+
+    def __init__(self, bindings: Sequence[tuple[Rule, str]], on_error: str = "shape"):
+        if on_error not in STRATEGIES:
+            raise ValueError(f"PenaltyModule: on_error={on_error!r}; expected one of {STRATEGIES}")
+        self.on_error = on_error
         for rule, strategy in bindings:
             if strategy not in STRATEGIES:
                 raise ValueError(f"PenaltyModule: rule {getattr(rule, 'name', rule)!r} bound to strategy "
@@ -245,10 +303,29 @@ class PenaltyModule:
         """Online check after each turn: the first finding of an ``early_stop`` rule, else None."""
         for rule, strategy in self.bindings:
             if strategy == "early_stop":
-                found = rule.detect(sequence)
+                found = self._detect(rule, sequence)
                 if found:
                     return found[0]
         return None
+
+    def _detect(self, rule: Rule, sequence: Run) -> list[Finding]:
+        """``rule.detect(sequence)``; an exception is the sequence's :data:`UNREADABLE` findings, never the batch's."""
+        try:
+            return list(rule.detect(sequence))
+        except Exception as e:  # any failure on the model's text is that sequence's finding
+            try:
+                why = f"{type(e).__name__}: {str(e)[:120]}"
+            except Exception:  # an exception whose message cannot be written
+                why = type(e).__name__
+            detail = f"rule {getattr(rule, 'name', type(rule).__name__)!r} cannot read this sequence ({why})"
+            spans = [Finding(UNREADABLE, sequence.sequence_id, c, s, (0, len(seg)), detail)
+                     for c, ctx in enumerate(sequence.contexts) for s, seg in enumerate(ctx.segments)
+                     if seg.trainable and len(seg)]
+            return spans or [Finding(UNREADABLE, sequence.sequence_id, 0, 0, (0, 0), detail)]
+
+    def _bound(self, rule: Rule, strategy: str, sequence: Run) -> list[tuple[Finding, str]]:
+        """The rule's findings on the sequence, each with its strategy (``on_error`` for :data:`UNREADABLE`)."""
+        return [(f, self.on_error if f.rule == UNREADABLE else strategy) for f in self._detect(rule, sequence)]
 
     def apply(self, samples: Sequence[Sample]) -> tuple[list[Sample], PenaltyReport]:
         """Run every rule on every sequence and apply its strategy; returns new samples (inputs untouched)."""
@@ -257,9 +334,10 @@ class PenaltyModule:
             sample = copy.deepcopy(sample)
             keep = []
             for seq in sample.sequences:
-                found = [(f, strategy) for rule, strategy in self.bindings for f in rule.detect(seq)]
+                found = [pair for rule, strategy in self.bindings for pair in self._bound(rule, strategy, seq)]
                 findings += [f for f, _ in found]
-                if any(f.infra or getattr(self._rule(f.rule), "infra", False) for f, _ in found):
+                if any(f.infra or (f.rule != UNREADABLE and getattr(self._rule(f.rule), "infra", False))
+                       for f, _ in found):
                     dropped.append(seq.sequence_id)
                     continue
                 for f, strategy in found:

@@ -285,7 +285,6 @@ class RepoEpisode(HarnessEpisode):
         super().__init__(CodeEnv(code_task(task, task_dir), cache=cache), harness, tokenizer, domain="code")
         self.task = task
         self.group_metadata = {**self.group_metadata, "family": task.family, "task": task.task_id}
-        self._closed = False
 
     def outcome(self) -> Outcome:
         try:
@@ -294,12 +293,6 @@ class RepoEpisode(HarnessEpisode):
             self.close()
         o.metadata.update(family=self.task.family, format_errors=self.format_errors)
         return o
-
-    def close(self) -> None:
-        """Remove the workspace and release its uid (once; an expired partial rollout is closed ungraded)."""
-        if not self._closed:
-            self._closed = True
-            self.env.close()
 
 
 # ---- the scripted expert ------------------------------------------------------------------------------------------
@@ -516,14 +509,12 @@ class RepoWorld:
 
     @staticmethod
     def rubric(seq) -> tuple[float, float]:
-        """GRS rubric of one episode (the kit's): S_sol = 1/(1 + changed lines beyond one), S_beh = 1 when a command
-        ran after the last edit (the agent checked its change), else 0.5."""
-        diff = seq.metadata.get("grade", {}).get("diff", "")
-        changed = sum(1 for ln in diff.splitlines() if ln[:1] in "+-" and ln[:3] not in ("+++", "---"))
-        cmds = list(seq.metadata.get("commands", []))
-        edits = [i for i, c in enumerate(cmds) if c.startswith(("sed ", "str_replace"))]
-        checked = bool(edits) and any(c.startswith("python3") for c in cmds[edits[-1] + 1:])
-        return 1.0 / (1 + max(0, changed // 2 - 1)), 1.0 if checked else 0.5
+        """GRS rubric of one episode (the kit's): S_sol = 1/(1 + changed lines beyond one), S_beh = 1 when the episode
+        ran its change (every file it changed was imported after its last change: an effect the environment reads
+        from the episode's files, ``grade["checked"]``, not the words of its commands), else 0.5."""
+        grade = seq.metadata.get("grade", {})
+        changed = int(grade.get("changed_lines", 0))
+        return 1.0 / (1 + max(0, changed // 2 - 1)), 1.0 if grade.get("checked") is True else 0.5
 
 
 def harness_table(samples: Sequence[Sample]) -> dict[str, dict[str, float]]:
