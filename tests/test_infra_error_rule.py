@@ -81,9 +81,9 @@ class CodeBuild:
         return HarnessEpisode(env, "mini-bash", TOK)
 
 
-def _play(groups, pooled):
+def _play(groups, pooled, scripts=EPISODES):
     settings = harness_settings(get_harness("mini-bash"), TOK, max_action_tokens=10**6)
-    engine = ScriptedEngine({gid: EPISODES.get(gid.split("-x-")[0], ["true"]) for gid, _ in groups})
+    engine = ScriptedEngine({gid: scripts.get(gid.split("-x-")[0], ["true"]) for gid, _ in groups})
     if not pooled:
         built = [(gid, [b() for b in builds]) for gid, builds in groups]
         try:
@@ -113,6 +113,23 @@ def test_direct_and_pooled_paths_agree_and_agent_caused_failures_are_scored_not_
     for gid in ("folder-for-conftest", "fifo-for-a-source-file", "nothing", "nothing-x-agent"):
         assert direct[gid] == [("stop", 0.0, False)], (gid, direct[gid])
     assert direct["nothing-x-infra"][0][0] == "infra_error"  # only a failed health check drops a rollout
+
+
+@pytest.mark.slow
+def test_every_hack_suite_episode_ends_the_same_way_on_both_paths():
+    """Each strategy of the hack suite as a harness episode (its commands, then submit) on the direct path and on a
+    pool host: the same finish, reward and verdict, and none is dropped as an infrastructure error."""
+    from mimo_kit.envs.hack_strategies import PY, STRATEGIES
+    from mimo_kit.envs.isolation import capabilities
+
+    layers = capabilities().layers
+    fill = {"pkg": TASK.package, "task": TASK.id, "port": 9, "py": PY, "kit": "/nonexistent", "canary": "/nonexistent"}
+    scripts = {name.replace("-", "_"): [c.format(**fill) for c in s.commands] for name, s in STRATEGIES.items()
+               if all(layers.get(x) for x in s.needs)}
+    groups = [(gid, [CodeBuild()]) for gid in scripts]
+    direct, pooled = _ends(_play(groups, False, scripts)), _ends(_play(groups, True, scripts))
+    assert direct == pooled
+    assert len(direct) >= 20 and all(ends == [("stop", 0.0, False)] for ends in direct.values()), direct
 
 
 def test_a_tool_that_raises_on_the_agents_input_is_that_actions_error():

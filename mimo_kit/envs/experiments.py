@@ -100,7 +100,9 @@ def _budget_stops(ws: str, repeats: int) -> list[dict]:
 
 @experiment("bench-grading", BenchGradingConfig, chapter="ch04b")
 def run_bench_grading(cfg: BenchGradingConfig) -> dict:
-    """Sandbox overhead over a bare subprocess, and the time to grade a toy code task, a cyber PoC, a general task."""
+    """Sandbox overhead over a bare subprocess, and the time to grade a toy code task, a cyber PoC, a general task,
+    a visual task (its sandboxed renderer), a pass through the grade cache (confirmed, then a hit), and the audit of
+    the commands and diff that made the old audit quadratic."""
     from mimo_kit.envs import cyber, general
     from mimo_kit.envs.code import grade_patch, shipped_tasks
     from mimo_kit.envs.sandbox import capabilities, run_sandboxed
@@ -133,10 +135,30 @@ def run_bench_grading(cfg: BenchGradingConfig) -> dict:
         finally:
             shutil.rmtree(d, ignore_errors=True)
 
+    from mimo_kit.envs import visual
+    from mimo_kit.envs.code import CodeEnvConfig, GradeCache
+    from mimo_kit.envs.hacks import audited_reward
+
+    vtask = visual.shipped_visual_tasks()[0]
+    ctask = pick(shipped_tasks(), cfg.tasks, "code tasks")[0]
+    code_cfg = CodeEnvConfig()
+
+    def first_pass():  # a fresh cache each time: the pass is confirmed by the task's reruns, then kept
+        GradeCache().grade(ctask, ctask.reference_patch, code_cfg)
+
+    warm = GradeCache()
+    warm.grade(ctask, ctask.reference_patch, code_cfg)
+    hostile = ["echo " + "find " * 13_000] * 3  # the commands that made the old audit quadratic (28 s)
+    hostile_diff = "+++ b/x.py\n+" + "__eq__=lambda " * 21_000 + "\n"
     caps = capabilities()
     budgets = _budget_stops(ws, min(n, 3)) if caps.layers.get("cgroup") else []
     shutil.rmtree(ws, ignore_errors=True)
     return {"sandbox": sandbox, "code_grading": grading, "budgets": budgets,
             "cyber_grading": {"target": target.id, **_timed(lambda: cyber.grade_poc(target, target.gold_poc), n)},
             "general_grading": {"task": gtask.id, **_timed(grade_general_once, n)},
+            "visual_grading": {"task": vtask.id, **_timed(lambda: visual.grade_drawing(vtask, vtask.reference), n)},
+            "cache": {"task": ctask.id, "reruns": code_cfg.reruns,
+                      "first pass": _timed(first_pass, max(1, n // 4)),
+                      "hit": _timed(lambda: warm.grade(ctask, ctask.reference_patch, code_cfg), n)},
+            "audit": _timed(lambda: audited_reward(1.0, hostile, hostile_diff), n),
             "isolation": {layer: on for layer, on in caps.layers.items()}}
