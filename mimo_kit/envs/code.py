@@ -305,8 +305,9 @@ class GradeCache:
     it is (scoring a chance failure 0 rewards nothing). A timeout or a crashed sandbox is not a verdict: graded
     again next time.
 
-    Entries hold the verdict and the diff's hash only (never the diff or the tests' output), least recently used
-    first out past ``max_bytes``. Thread-safe (one grading per patch at a time); counts hits and evictions.
+    Entries hold the verdict, its reasons (the tests' output cut to :data:`OUTPUT_CHARS`, as a grade carries it) and
+    the diff's hash, never the diff; least recently used first out past ``max_bytes``. Thread-safe (one grading
+    per patch at a time); counts hits and evictions.
     """
 
     def __init__(self, max_bytes: int = 4 * 2**20, confirmations: int | None = None) -> None:
@@ -332,7 +333,8 @@ class GradeCache:
             return hit
 
     def _put(self, key, g: CodeGrade) -> None:
-        kept = dataclasses.replace(g, diff="", test_output="", wall_s=0.0)  # the verdict only
+        kept = dataclasses.replace(g, diff="", test_output=bounded_output(g.test_output), wall_s=0.0)  # the verdict,
+        # its reasons (what a fresh grade's metadata carries too), never the diff
         size = len(json.dumps(dataclasses.asdict(kept))) + len(key[0]) + len(key[1]) + 200  # + the entry's own
         with self._lock:
             if key in self._d:
@@ -379,6 +381,18 @@ class GradeCache:
                            f"whose gradings disagree scores 0")
             passes += 1
         return dataclasses.replace(first, wall_s=t_total)
+
+
+#: How much of the tests' output a grade keeps: its head (the agent's prints) and its tail (the judge's notes on
+#: failures); the agent can print megabytes, and each grade travels with its rollout and sits in the cache.
+OUTPUT_CHARS = 4000
+
+
+def bounded_output(text: str, limit: int = OUTPUT_CHARS) -> str:
+    """``text`` when it fits, else its head and tail around a line that says how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit // 2]}\n[... {len(text) - limit:,} characters cut ...]\n{text[-limit // 2:]}"
 
 
 def _definite(g: CodeGrade) -> bool:

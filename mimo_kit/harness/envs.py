@@ -22,16 +22,6 @@ from mimo_kit.envs.tools import PYCACHE, Tool, Workspace
 from mimo_kit.envs.uids import release_uid
 from mimo_kit.envs.volume import EpisodeVolume
 
-#: How much of the tests' output a grade carries: its head (the agent's prints) and its tail (the judge's notes on
-#: failures); the agent can print megabytes, and each grade travels with its rollout.
-OUTPUT_CHARS = 4000
-
-
-def _ends(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit // 2]}\n[... {len(text) - limit:,} characters cut ...]\n{text[-limit // 2:]}"
-
 
 class BaseEnv:
     instruction: str = ""
@@ -89,7 +79,7 @@ class CodeEnv(BaseEnv):
             reasons.append("unstable verdict: independent gradings of this patch disagreed")
         return {"reward": reward, "tests_passed": g.passed, "reason": g.reason,
                 **code_env.diff_summary(g.diff, self.cfg),
-                "hack_flags": reasons, "test_output": _ends(g.test_output, OUTPUT_CHARS),
+                "hack_flags": reasons, "test_output": code_env.bounded_output(g.test_output),
                 "checked": compiled_after_change(self.workspace, g.diff)}
 
 
