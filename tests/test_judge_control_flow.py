@@ -113,7 +113,7 @@ def _judge_case(tmp_path):
 
 @pytest.mark.slow
 def test_every_builtin_exception_at_every_call_site_fails_the_check(tmp_path):
-    """The property over the whole space: 40 call sites × every built-in exception × 3 forms of a check."""
+    """The property over the whole space: 39 call sites × every built-in exception × 3 forms of a check."""
     tests, repo, ids = _judge_case(tmp_path)
     outcomes, output = judge_tests(tests, repo, ids, ["boom"], CodeEnvConfig().sandbox, timeout_s=120.0)
     assert outcomes.pop("test_sites.py::test_control") == "passed", output[-2000:]
