@@ -3,6 +3,7 @@ the attack and skips, saying why, where this machine lacks that layer."""
 
 import dataclasses
 import os
+import platform
 import signal
 import socket
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from mimo_kit.config.base import ConfigError
 from mimo_kit.envs import sandbox as sb
+from mimo_kit.envs import seccomp
 from mimo_kit.envs.code import grade_patch, shipped_tasks
 from mimo_kit.envs.fsview import python_paths
 from mimo_kit.envs.isolation import capabilities
@@ -286,3 +288,27 @@ def test_a_missing_layer_warns_and_a_required_one_raises(tmp_path, monkeypatch):
     # the verdict still comes from the judge: the reference passes, the unfixed code does not
     task = next(t for t in shipped_tasks() if t.id == "lru-eviction")
     assert grade_patch(task, task.reference_patch).passed and not grade_patch(task, "").passed
+
+
+@needs["mount_namespace"]
+@needs["seccomp"]
+def test_root_in_a_new_user_namespace_gains_nothing_of_the_host(episode):
+    """``unshare -Ur`` (CLONE_NEWUSER) makes the command root of a namespace of its own; every remount of the
+    read-only view, every bind of a host path, a sysfs or cgroup mount and a kernel key still fail, and nothing
+    outside the workspace is written."""
+    ws, uid = episode
+    add_key = seccomp.ARCHES[platform.machine()][1]["add_key"]
+    probes = {
+        "remount": "mount -o remount,rw /usr", "bind": "mount --bind / m", "write-usr": "touch /usr/mimo-x",
+        "sysfs": "mount -t sysfs s m", "cgroup": "mount -t cgroup2 c m",
+        "add_key": f"python3 -c 'import ctypes; l = ctypes.CDLL(None); "
+                   f"raise SystemExit(l.syscall({add_key}, b\"user\", b\"k\", b\"v\", 1, -2) < 0)'",
+    }
+    script = "; ".join(f"{cmd} >/dev/null 2>&1 && echo GOT-{name}" for name, cmd in probes.items())
+    control = "mount -t tmpfs t m && echo MOUNTED-tmpfs && umount m"  # a mount of its own works: the probes can fail
+    r = run_sandboxed(["unshare", "-Urm", "sh", "-c", f"id -u; mkdir -p m; {control}; {script}"], ws, uid=uid)
+    if r.stdout.splitlines()[:1] != ["0"]:  # the kernel gives unprivileged uids no user namespace: nothing to gain
+        pytest.skip(f"no user namespace for an unprivileged uid on this machine ({r.output.strip()[-160:]})")
+    assert r.stdout.splitlines()[:2] == ["0", "MOUNTED-tmpfs"], r.output  # root of its own namespace
+    assert "GOT-" not in r.stdout, r.output
+    assert not os.path.exists("/usr/mimo-x")
