@@ -104,6 +104,23 @@ def test_paired_differences_per_seed_and_late_means_from_history():
         ex.paired(res, "late_entropy", "a", "b")
 
 
+def test_pairs_are_matched_by_seed_id_and_mismatched_arms_raise():
+    """A paired difference is one seed's favoured run minus the same seed's other run, whatever the run order."""
+    rng = np.random.default_rng(7)
+    seeds = [3, 0, 4, 1, 2]
+    values = {arm: {k: float(v) for k, v in zip(seeds, rng.normal(size=5))} for arm in ("a", "b")}
+    res = {"name": "c", "late_frac": 0.25, "arms": {
+        "a": {"runs": [{"seed": k, "scalars": {"x": values["a"][k]}, "history": []} for k in seeds]},
+        "b": {"runs": [{"seed": k, "scalars": {"x": values["b"][k]}, "history": []} for k in sorted(seeds)]}}}
+    assert ex.paired(res, "x", "a", "b") == [values["a"][k] - values["b"][k] for k in seeds]
+    res["arms"]["b"]["runs"][-1]["seed"] = 9  # seed 4 missing on b, seed 9 only on b
+    with pytest.raises(ValueError, match=r"only 'a': \[4\], only 'b': \[9\]"):
+        ex.paired(res, "x", "a", "b")
+    res["arms"]["b"]["runs"][-1]["seed"] = 0  # seed 0 twice on b
+    with pytest.raises(ValueError, match="'b' holds seed 0 twice"):
+        ex.paired(res, "x", "a", "b")
+
+
 def test_seed_band_minmax_and_sd():
     runs = [[1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 5.0, 2.0]]
     mean, lo, hi = viz.seed_band(runs)

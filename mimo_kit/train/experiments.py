@@ -214,25 +214,39 @@ class Agreement:
         return f"{claim}: not shown at this scale, {counts} agree ({means})"
 
 
-def _seed_values(res: dict, side: str | tuple[str, str], key: str) -> list[float]:
-    """Scalar ``key`` of an arm (or of an ``(arm, scalar)`` pair, as in :func:`agreement`) per seed, in seed order.
-    A ``late_<k>`` scalar the result was saved without is computed from each run's history over its ``late_frac``."""
+def _seed_map(res: dict, side: str | tuple[str, str], key: str) -> dict[int, float]:
+    """``{seed: value}`` of scalar ``key`` of an arm (or of an ``(arm, scalar)`` pair, as in :func:`agreement`), in
+    run order. A ``late_<k>`` scalar the result was saved without is computed from each run's history over its
+    ``late_frac``; a seed that appears twice in one arm is an error."""
     arm, k = side if isinstance(side, tuple) else (side, key)
-    out = []
+    out: dict[int, float] = {}
     for r in res["arms"][arm]["runs"]:
         v = r["scalars"].get(k)
         if v is None and k.startswith("late_"):
             v = late_mean(r["history"], k[len("late_"):], res["late_frac"])
         if not _finite(v):
             raise ValueError(f"comparison {res.get('name', '')!r}: arm {arm!r} seed {r['seed']} has no finite {k!r}")
-        out.append(float(v))
+        if r["seed"] in out:
+            raise ValueError(f"comparison {res.get('name', '')!r}: arm {arm!r} holds seed {r['seed']} twice")
+        out[r["seed"]] = float(v)
     return out
 
 
+def _seed_values(res: dict, side: str | tuple[str, str], key: str) -> list[float]:
+    """Scalar ``key`` of an arm (or an ``(arm, scalar)`` pair) per seed, in run order (see :func:`_seed_map`)."""
+    return list(_seed_map(res, side, key).values())
+
+
 def paired(res: dict, key: str, favoured: str | tuple[str, str], other: str | tuple[str, str]) -> list[float]:
-    """Per-seed differences ``favoured − other`` of scalar ``key``, in seed order: what
-    :func:`mimo_kit.claims.judge_paired` judges (sign them so that > 0 is the report's direction)."""
-    return [a - b for a, b in zip(_seed_values(res, favoured, key), _seed_values(res, other, key), strict=True)]
+    """Per-seed differences ``favoured − other`` of scalar ``key``, matched by seed id (in ``favoured``'s run
+    order): what :func:`mimo_kit.claims.judge_paired` judges (sign them so that > 0 is the report's direction).
+    Arms that do not hold the same seeds raise, naming the seeds only one of them has."""
+    a, b = _seed_map(res, favoured, key), _seed_map(res, other, key)
+    if set(a) != set(b):
+        raise ValueError(f"comparison {res.get('name', '')!r}: {favoured!r} and {other!r} hold different seeds "
+                         f"(only {favoured!r}: {sorted(set(a) - set(b))}, only {other!r}: {sorted(set(b) - set(a))}); "
+                         "a paired difference needs the same seeds on both sides")
+    return [a[s] - b[s] for s in a]
 
 
 def versus(res: dict, key: str, a: str, b: str) -> str:
