@@ -85,6 +85,16 @@ def test_router_frozen_by_default_and_trainable_when_asked(tmp_path, sft_file):
     assert any(not torch.equal(free["model"].state_dict()[k], v) for k, v in free["init_router"].items())
 
 
+def test_every_step_logs_the_share_of_groups_routed_to_grs_and_to_gar(tmp_path, sft_file):
+    """Report §4.3 routing: GRS for high-pass-rate groups, GAR for the rest; each step says how many went where."""
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, advantage="routed", grs_pass_rate=0.5, checkpoint_every=0))
+    for h in r["history"]:
+        assert h["grs_groups"] + h["gar_groups"] == h["groups_trained"] > 0
+        assert h["grs_share"] == pytest.approx(h["grs_groups"] / h["groups_trained"])
+    plain = run_rl(tiny(tmp_path / "grpo", sft_file, steps=1, checkpoint_every=0))["history"][0]
+    assert (plain["grs_groups"], plain["gar_groups"], plain["grs_share"]) == (0, 0, 0.0)  # GRPO routes nowhere
+
+
 def test_grs_length_and_segment_penalties_run(tmp_path, sft_file):
     r = run_rl(tiny(tmp_path, sft_file, steps=2, advantage="grs", length_penalty=True, segment_penalty=True,
                     dynamic_sampling=False))

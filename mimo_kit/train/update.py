@@ -209,8 +209,10 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
         porter = Porter(LocalStore())
         samples = porter.ship(samples)
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
+    graders = [log.get("grader") for log in gar_logs]  # which grader each trained group went to (Report §4.3)
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
-                           "grs_groups": sum(1 for log in gar_logs if log.get("grader") == "grs"), "updates": 0}
+                           "grs_groups": graders.count("grs"), "gar_groups": graders.count("gar"),
+                           "grs_share": graders.count("grs") / len(graders) if graders else 0.0, "updates": 0}
     if not samples:
         return out | dict(loss=0.0, grad_norm=0.0, entropy=None, clip_low=0.0, clip_high=0.0, clip_high_fixed=0.0,
                           ratio_abs_dev=None,
