@@ -407,7 +407,7 @@ def file_hashes(ws: Path) -> dict[str, str]:
     repository has (names that are not UTF-8, deeper than ``MAX_PATH_DEPTH``) raises :class:`UnsafePatch`, which
     the grade turns into a failed check (iterative walk: no recursion on the agent's folders)."""
     out = {}
-    for dirpath, dirs, files in walk(ws, frozenset({".git", ".task"})):
+    for dirpath, dirs, files in walk(ws, frozenset({".git", ".task", "__pycache__"})):  # bytecode: not work
         for name in files + dirs:
             p = Path(dirpath) / name
             rel = check_path(p.relative_to(ws).as_posix())

@@ -176,15 +176,13 @@ def relative_to_workspace(text: str, root: Path) -> str:
     return text
 
 
-#: Where the episode's Python writes bytecode, under its HOME: a module imported (or compiled) after its last change
-#: leaves a ``.pyc`` whose header names that version's mtime and size, an effect of running the code that the
-#: behaviour score reads (:func:`mimo_kit.harness.envs.compiled_after_change`), never the words of a command.
-PYCACHE = ".pycache"
-
-
 def bytecode_env(ws: Workspace) -> dict[str, str]:
-    """The bash tool's Python writes bytecode to ``HOME/.pycache`` (mirroring the source paths), not beside it."""
-    return {"PYTHONDONTWRITEBYTECODE": "", "PYTHONPYCACHEPREFIX": str(ws.home / PYCACHE)}
+    """The bash tool's Python writes bytecode beside the sources (``__pycache__``, which no diff carries): a module
+    imported (or compiled) after its last change leaves a ``.pyc`` whose header names that version's mtime and
+    size, an effect of running the code that the behaviour score reads
+    (:func:`mimo_kit.harness.envs.compiled_after_change`), never the words of a command. The read-only Python
+    installation keeps its own bytecode."""
+    return {"PYTHONDONTWRITEBYTECODE": ""}
 
 
 def bash_tool(ws: Workspace, timeout_s: float) -> Tool:

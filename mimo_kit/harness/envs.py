@@ -11,14 +11,13 @@ import os
 import re
 import struct
 import sys
-from pathlib import Path
 
 from mimo_kit.envs import code as code_env
 from mimo_kit.envs import cyber as cyber_env
 from mimo_kit.envs.hacks import audited_reward
 from mimo_kit.envs.patches import UnsafePatch, read_regular
 from mimo_kit.envs.sandbox import SandboxConfig, chown_tree, new_uid
-from mimo_kit.envs.tools import PYCACHE, Tool, Workspace
+from mimo_kit.envs.tools import Tool, Workspace
 from mimo_kit.envs.uids import release_uid
 from mimo_kit.envs.volume import EpisodeVolume
 
@@ -85,25 +84,25 @@ class CodeEnv(BaseEnv):
 
 def compiled_after_change(ws: Workspace, diff: str) -> bool:
     """Whether the episode ran its change: every Python file the diff changes was imported (or compiled) after
-    its last change, read from the bytecode its commands left (``HOME/.pycache``, :data:`~mimo_kit.envs.tools.PYCACHE`)
-    whose header names the final file's mtime and size (PEP 552: magic, flags 0, mtime, size). An effect on the
-    episode's files, not the words of a command: ``sed -n 1p`` then ``python3 -c 0`` leaves no such file.
-    Read as root without following links (:func:`~mimo_kit.envs.patches.read_regular`)."""
-    paths = sorted({m for m in re.findall(r"^\+\+\+ b/(\S+\.py)$", diff, re.M)})
+    its last change, read from the bytecode its commands left beside it (``__pycache__``,
+    :func:`~mimo_kit.envs.tools.bytecode_env`) whose header names the final file's mtime and size (PEP 552: magic,
+    flags 0, mtime, size). An effect on the episode's files, not the words of a command: ``sed -n 1p`` then
+    ``python3 -c 0`` leaves no such file. Read as root without following links
+    (:func:`~mimo_kit.envs.patches.read_regular`)."""
+    paths = sorted(set(re.findall(r"^\+\+\+ b/(\S+\.py)$", diff, re.M)))
     if not paths:
         return False
-    cache = ws.home / PYCACHE
     for rel in paths:
+        folder, name = os.path.split(rel)
+        pyc = os.path.join(folder, "__pycache__", f"{name[:-3]}.{sys.implementation.cache_tag}.pyc")
         try:
             st = os.lstat(ws.root / rel)
-            folder = Path(os.path.realpath(ws.root)).relative_to("/") / os.path.dirname(rel)
-            stem = os.path.basename(rel)[:-3]
-            pyc = read_regular(cache, f"{folder}/{stem}.{sys.implementation.cache_tag}.pyc", 2**20)
+            data = read_regular(ws.root, pyc, 2**20)
         except (OSError, ValueError, UnsafePatch):
             return False
-        if pyc is None or len(pyc) < 16:
+        if data is None or len(data) < 16:
             return False
-        flags, mtime, size = struct.unpack("<III", pyc[4:16])
+        flags, mtime, size = struct.unpack("<III", data[4:16])
         if flags != 0 or mtime != int(st.st_mtime) & 0xFFFFFFFF or size != st.st_size & 0xFFFFFFFF:
             return False
     return True
