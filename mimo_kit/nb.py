@@ -1,5 +1,5 @@
 """What every chapter notebook does first and shows throughout: versions, preset, quick mode, source listings,
-and its claim checks as records (``claim``, ``claim_agreement``, ``claim_checks``; chapter 8 collects them).
+and its claim checks as records (``claim_paired``, ``claim_rows``, ``claim_checks``, ``claim``; chapter 8 collects them).
 
 >>> kit = start("ch01")          # prints versions, the preset and quick mode; applies the figure style
 >>> kit.steps(full=200, quick=5) # a loop length that honours MIMO_KIT_QUICK=1
@@ -109,9 +109,15 @@ def seeds_agree(c) -> str:
 def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "experiment", report: str = "",
           measured: str = "", seeds: int = 0, agree: str = "", why: str = "", toy_limited: bool = False,
           stats: dict | None = None):
-    """Display one claim of the report as this chapter tested it (chapter 8 collects these records)."""
+    """Display one claim of the report as this chapter tested it (chapter 8 collects these records).
+
+    An experiment is judged by the one rule (:func:`claim_paired`, :func:`claim_rows`); here it can only be
+    recorded as not holding or not shown (``holds=False``): ``holds=True`` for an experiment raises."""
     from mimo_kit.claims import MIN_SEEDS, Claim, verdict_of
 
+    if kind == "experiment" and holds and not stats:
+        raise ValueError(f"experiment claim {claim!r}: an experiment holds only by the paired rule; "
+                         "judge it with nb.claim_paired or nb.claim_rows")
     if kind == "experiment" and seeds < MIN_SEEDS and quick_mode():
         print(f"quick mode, {seeds} seed(s): {claim} ({measured}); judged in full mode over >= {MIN_SEEDS} seeds")
         return None
@@ -122,47 +128,46 @@ def claim(chapter: str, claim: str, section: str, *, holds: bool, kind: str = "e
     return c
 
 
-def claim_agreement(chapter: str, agreement, text: str, section: str, *, report: str, why: str):
-    """A directional claim judged over seeds (an ``Agreement``: ``lower < higher`` per seed and on the means).
-
-    It holds when the direction holds on the seed means *and* on every seed; on the means alone it is within the
-    seed-to-seed spread, so the verdict is "not shown at toy scale"."""
-    a = agreement
-    return claim(
-        chapter, text, section, holds=a.holds and a.unanimous, report=report, seeds=a.n,
-        agree=f"{a.agree} of {a.n}", why=why,
-        measured=f"{a.lower} {a.mean_lower:.4g} vs {a.higher} {a.mean_higher:.4g} (seed means)", toy_limited=True)
-
-
-def claim_paired(chapter: str, text: str, section: str, diffs, *, report: str, why: str, measured: str = ""):
-    """A directional claim judged on per-seed paired differences (positive = the report's direction) by
-    :func:`mimo_kit.claims.judge_paired`: a sign test and the t interval of the mean, printed with the verdict."""
+def claim_paired(chapter: str, text: str, section: str, diffs, *, min_effect: float, min_effect_why: str,
+                 report: str, why: str, measured: str = ""):
+    """A directional claim judged on per-seed paired differences (positive = the report's direction; a list, or a
+    ``{seed: d}`` mapping from :func:`mimo_kit.claims.paired_diffs`) by :func:`mimo_kit.claims.judge_paired`: a sign
+    test and the t interval of the mean against the claim's ``min_effect`` (its units, with ``min_effect_why``),
+    printed with the verdict."""
     from mimo_kit.claims import judge_paired
 
-    j = judge_paired(diffs)
+    if not min_effect_why:
+        raise ValueError(f"claim {text!r}: state why the minimum effect is {min_effect!r} (min_effect_why)")
+    j = judge_paired(diffs, min_effect=min_effect, min_effect_why=min_effect_why)
     return claim(chapter, text, section, holds=j.verdict == "holds", report=report, seeds=j.n,
                  agree=f"{j.agree} of {j.n}", why=why, measured=f"{measured}; {j.text()}" if measured else j.text(),
                  toy_limited=j.verdict == "not shown at toy scale", stats=j.stats())
 
 
-def claim_rows(chapter: str, text: str, section: str, rows: dict[str, list[float]], *, report: str, why: str,
-               row_name: str = "row"):
-    """A claim that names a table, judged on every row it names (:func:`mimo_kit.claims.judge_rows`): the per-row
-    judgements as a table, then one claim record whose verdict needs every row."""
+def claim_rows(chapter: str, text: str, section: str, rows: dict, *, min_effect: float, min_effect_why: str,
+               report: str, why: str, row_name: str = "row"):
+    """A claim that names a table, judged on every row it names (:func:`mimo_kit.claims.judge_rows`, each row by
+    the one rule with the same ``min_effect``): the per-row judgements as a table, then one claim record whose
+    verdict needs every row; its statistics are the weakest row's (the lowest interval end above the minimum)."""
     from mimo_kit.claims import judge_rows
 
-    verdict, judged = judge_rows(rows)
+    if not min_effect_why:
+        raise ValueError(f"claim {text!r}: state why the minimum effect is {min_effect!r} (min_effect_why)")
+    verdict, judged = judge_rows(rows, min_effect=min_effect, min_effect_why=min_effect_why)
     table([{row_name: k, "Δ (mean)": f"{j.mean:+.3g}", "95% CI": f"[{j.low:+.3g}, {j.high:+.3g}]",
             "seeds agree": f"{j.agree} of {j.n}", "sign test p": f"{j.p_sign:.3g}", "verdict": j.verdict}
            for k, j in judged.items()])
     n = min(j.n for j in judged.values())
     plural = row_name + ("es" if row_name.endswith("s") else "s")
     count = {v: sum(j.verdict == v for j in judged.values()) for v in ("holds", "does not hold")}
+    weakest_name, weakest = min(judged.items(), key=lambda kv: (kv[1].n, kv[1].low - min_effect, -kv[1].p_sign))
     measured = (f"{count['holds']} of {len(judged)} {plural} hold, {count['does not hold']} do not; "
-                f"mean Δ per {row_name}: " + ", ".join(f"{k} {j.mean:+.3g}" for k, j in judged.items()))
+                f"mean Δ per {row_name}: " + ", ".join(f"{k} {j.mean:+.3g}" for k, j in judged.items()) +
+                f"; weakest {row_name} {weakest_name}: {weakest.text()}")
     return claim(chapter, text, section, holds=verdict == "holds", report=report, seeds=n,
                  agree=f"{sum(j.agree == j.n for j in judged.values())} of {len(judged)} {plural} on every seed",
-                 why=why, measured=measured, toy_limited=verdict == "not shown at toy scale")
+                 why=why, measured=measured, toy_limited=verdict == "not shown at toy scale",
+                 stats={**weakest.stats(), "row": weakest_name})
 
 
 def claim_checks(chapter: str, checks: dict[str, bool], section: str, *, kind: str = "check") -> None:

@@ -21,6 +21,8 @@ def test_an_experiment_claim_needs_seeds_and_a_reason():
         Claim("ch03", "x", "§3", kind="anecdote", verdict="holds")
     with pytest.raises(ValueError, match="verdict"):
         Claim("ch03", "x", "§3", kind="check", verdict="maybe")
+    with pytest.raises(ValueError, match="paired rule"):  # "holds" without the rule's statistics
+        Claim("ch03", "x", "§3", kind="experiment", verdict="holds", seeds=3, why="w")
     assert claims.verdict_of(False, toy_limited=True) == "not shown at toy scale"
     assert claims.verdict_of(False) == "does not hold" and claims.verdict_of(True) == "holds"
 
@@ -111,10 +113,12 @@ def test_the_paired_judgement_is_symmetric_and_scale_free(diffs, scale):
 def test_a_paired_claim_carries_its_test_and_interval(monkeypatch):
     monkeypatch.setenv("MIMO_KIT_QUICK", "0")
     c = nb.claim_paired("ch05a", "GAR keeps turns below the binary arm's", "§4.3", [0.3, 0.2, 0.25, 0.35, 0.3],
-                        report="turns about flat with GAR", why="w", measured="turns 4.1 vs 4.4")
+                        min_effect=0.1, min_effect_why="a tenth of a turn", report="turns about flat with GAR",
+                        why="w", measured="turns 4.1 vs 4.4")
     assert c.verdict == "holds" and c.seeds == 5 and c.agree == "5 of 5"
     assert c.measured.startswith("turns 4.1 vs 4.4; Δ = +0.28") and "95% CI" in c.measured
-    c = nb.claim_paired("ch05a", "x", "§4.3", [0.3, -0.2, 0.25], report="r", why="w")
+    c = nb.claim_paired("ch05a", "x", "§4.3", [0.3, -0.2, 0.25], min_effect=0, min_effect_why="m", report="r",
+                        why="w")
     assert c.verdict == "not shown at toy scale" and c.agree == "2 of 3"
 
 
@@ -132,7 +136,7 @@ def test_a_claim_that_names_a_table_needs_every_row(monkeypatch):
         judge_rows({})
     monkeypatch.setenv("MIMO_KIT_QUICK", "0")
     c = nb.claim_rows("ch04a", "RL gains on every harness", "§4.2", {"h1": clear, "h2": [-0.1, 0.2, 0.1, 0.0, 0.1]},
-                      report="Table 7", why="w", row_name="harness")
+                      min_effect=0.01, min_effect_why="m", report="Table 7", why="w", row_name="harness")
     assert c.verdict == "not shown at toy scale" and c.seeds == 5
     assert c.measured.startswith("1 of 2 harnesses hold, 0 do not") and c.agree == "1 of 2 harnesses on every seed"
 
@@ -144,10 +148,75 @@ def test_a_paired_claim_record_keeps_its_interval_for_chapter_8(monkeypatch):
 
     monkeypatch.setenv("MIMO_KIT_QUICK", "0")
     d = [0.3, 0.2, 0.25, 0.35, 0.3]
-    c = nb.claim_paired("ch05a", "x", "§4.3", d, report="r", why="w")
+    c = nb.claim_paired("ch05a", "x", "§4.3", d, min_effect=0.05, min_effect_why="m", report="r", why="w")
+    assert c.stats["n"] == 5 and c.stats["min_effect"] == 0.05 and c.stats["min_effect_why"] == "m"
     assert c.stats["mean"] == pytest.approx(0.28) and c.stats["sd"] == pytest.approx(stats.tstd(d))
     assert c.stats["low"] < 0.28 < c.stats["high"] and c.stats["p_sign"] == pytest.approx(1 / 32)
     assert json.loads(json.dumps(dataclasses.asdict(c), allow_nan=False))["stats"] == c.stats
     from mimo_kit.claims import judge_paired
 
     assert judge_paired([0.1]).stats()["low"] is None  # one seed: no interval, and none in the record
+
+
+def test_the_one_rule_needs_five_seeds_a_sign_test_and_an_interval_clear_of_the_minimum_effect(monkeypatch):
+    """Hidden-style cases: ties count against the direction, an effect smaller than the claim's minimum never
+    holds however consistent, three seeds never hold, and the verdict names the rule's reasons."""
+    from mimo_kit.claims import judge_paired
+
+    tiny = [1e-9, 2e-9, 1.5e-9, 1.2e-9, 1.1e-9]  # consistent, significant, and too small to matter
+    assert judge_paired(tiny).verdict == "holds"  # with no minimum effect the rule alone would pass it
+    assert judge_paired(tiny, min_effect=1e-3).verdict == "not shown at toy scale"
+    assert judge_paired([-x for x in tiny], min_effect=1e-3).verdict == "not shown at toy scale"
+    ties = [0.0, 0.0, 0.2, 0.2, 0.2, 0.2]  # 4 of 6 up, ties count against: p = 0.34
+    j = judge_paired(ties)
+    assert j.agree == 4 and j.p_sign == pytest.approx(0.34375) and j.verdict == "not shown at toy scale"
+    assert judge_paired([0.0] * 5).verdict == "not shown at toy scale"
+    rounded = [0.9 - (0.95 - 0.05), 0.90625 - (0.95625 - 0.05), 0.1, 0.2, 0.3]  # two ties in exact arithmetic
+    assert rounded[0] != 0 and judge_paired(rounded).agree == 3
+    clear = [0.10, 0.12, 0.09, 0.11, 0.13]
+    assert judge_paired(clear, min_effect=0.05).verdict == "holds"
+    assert judge_paired(clear, min_effect=0.10).verdict == "not shown at toy scale"  # low ≈ 0.090 < 0.10
+    assert judge_paired(clear[:4], min_effect=0.0).verdict == "not shown at toy scale"  # 4 seeds
+    with pytest.raises(ValueError, match="min_effect"):
+        judge_paired(clear, min_effect=-0.1)
+    with pytest.raises(ValueError, match="min_effect"):
+        judge_paired(clear, min_effect=float("nan"))
+    monkeypatch.setenv("MIMO_KIT_QUICK", "0")
+    with pytest.raises(ValueError, match="min_effect_why"):
+        nb.claim_paired("ch09", "x", "§1", clear, min_effect=0.01, min_effect_why="", report="r", why="w")
+    with pytest.raises(ValueError, match="paired rule"):  # no other way to mark an experiment "holds"
+        nb.claim("ch09", "x", "§1", holds=True, seeds=5, why="w")
+
+
+def test_pairs_are_matched_by_seed_id_and_mismatched_arms_raise():
+    from mimo_kit.claims import judge_paired, paired_diffs
+
+    a = {3: 0.9, 0: 0.5, 1: 0.6, 2: 0.7, 4: 0.8}
+    b = {0: 0.4, 1: 0.5, 2: 0.6, 3: 0.7, 4: 0.75}
+    d = paired_diffs(a, b)
+    assert d == pytest.approx({0: 0.1, 1: 0.1, 2: 0.1, 3: 0.2, 4: 0.05})
+    assert paired_diffs(list(a.items()), list(reversed(b.items()))) == pytest.approx(d)  # order does not matter
+    assert judge_paired(d).n == 5
+    with pytest.raises(ValueError, match=r"only favoured: \[3\].*only other: \[5\]"):
+        paired_diffs({0: 1, 1: 1, 3: 1}, {0: 1, 1: 1, 5: 1})
+    with pytest.raises(ValueError, match="seed 1 appears twice"):
+        paired_diffs([(0, 1.0), (1, 1.0), (1, 2.0)], [(0, 0.0), (1, 0.0)])
+    with pytest.raises(ValueError, match="pairs"):
+        paired_diffs([0.1, 0.2], [0.0, 0.1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(-10, 10, allow_nan=False), min_size=1, max_size=12), st.floats(0, 5))
+def test_every_holding_judgement_meets_the_rule_a_claim_record_checks(diffs, min_effect):
+    """Whatever the differences and minimum effect: a "holds" judgement has n >= 5, p <= 0.05 and an interval
+    above both 0 and the minimum effect, and a claim record accepts its statistics; raising the minimum effect never
+    turns a "not shown" into "holds"."""
+    from mimo_kit.claims import rule_problem, judge_paired
+
+    j = judge_paired(diffs, min_effect=min_effect, min_effect_why="m")
+    if j.verdict == "holds":
+        assert j.n >= 5 and j.p_sign <= 0.05 and j.low > max(0.0, min_effect)
+        assert rule_problem(j.stats()) == ""
+        Claim("ch09", "x", "§1", kind="experiment", verdict="holds", seeds=j.n, why="w", stats=j.stats())
+    else:
+        assert judge_paired(diffs, min_effect=min_effect + 1).verdict != "holds"

@@ -250,31 +250,40 @@ def test_bad_configs_and_missing_routes_raise(world):
         train_mopd(copy.deepcopy(sft), teachers, cfg, {"verifiable": "rl", "open": "nope"})
 
 
-def _study(arm_runs: list[float], sft_runs: list[float], teacher_runs: list[float], margin: float = 0.05) -> dict:
+def _study(arm_runs: list[float], sft_runs: list[float], teacher_runs: list[float], margin: float = 0.05,
+           seeds: list[int] | None = None) -> dict:
     """A mopd2 result whose two domains and both MOPD² arms have the same per-seed pass rates."""
     from mimo_kit.train.mopd_experiment import DOMAINS, ROUTES
 
-    runs = lambda xs: [{"seed": i, "pass": {d: x for d in DOMAINS}} for i, x in enumerate(xs)]  # noqa: E731
-    return {"margin": margin, "routes": dict(ROUTES), "seeds": list(range(len(arm_runs))),
+    seeds = seeds or list(range(len(arm_runs)))
+    runs = lambda xs, ids=seeds: [{"seed": i, "pass": {d: x for d in DOMAINS}} for i, x in zip(ids, xs)]  # noqa: E731
+    return {"margin": margin, "routes": dict(ROUTES), "seeds": seeds, "base": {"eval_tasks": 32, "eval_samples": 2},
             "arms": {"sft-only": {"runs": runs(sft_runs)}, "mopd-standard": {"runs": runs(arm_runs)},
                      "mopd-prefix": {"runs": runs(arm_runs)}},
             "teachers": {t: {"runs": runs(teacher_runs)} for t in ROUTES.values()}}
 
 
-def test_a_domain_is_recovered_only_when_every_seed_agrees():
-    """The seed means within the margin but one seed below it is "not shown", as in the claim record chapter 8
-    reads: the verdict lines and the records use one rule."""
+def test_a_domain_is_recovered_only_by_the_one_rule():
+    """Recovery is non-inferiority within the margin, judged by the kit's one rule on the per-seed differences
+    student − (teacher − margin): five seeds clearly within the margin hold; three seeds never do; one seed that
+    clears the margin by less than an episode keeps the interval across 0 (not shown); a student clearly more
+    than the margin below its teacher does not hold; arms with different seed ids raise."""
     from mimo_kit.train.mopd_experiment import claim_check
 
-    every = claim_check(_study([0.95, 0.93, 0.92], [0.7, 0.7, 0.7], [0.96, 0.94, 0.94]))
+    every = claim_check(_study([0.95, 0.93, 0.92, 0.94, 0.93], [0.7] * 5, [0.96, 0.94, 0.94, 0.95, 0.93]))
     assert every["recovers"] == {"mopd-standard": True, "mopd-prefix": True}
-    one_seed_short = claim_check(_study([0.95, 0.88, 0.92], [0.77, 0.69, 0.66], [0.97, 0.94, 0.91]))
-    d = one_seed_short["domains"]["mopd-standard"]["verifiable"]
-    assert (d["recovered"], d["seeds_ok"], d["seeds"]) == (False, 2, 3)
-    assert d["reason"] == "holds on the seed means, on 2 of 3 seeds only"
-    assert not any(line.startswith("recovered") for line in one_seed_short["lines"])
-    far = claim_check(_study([0.9, 0.9, 0.9], [0.7, 0.7, 0.7], [1.0, 1.0, 1.0]))
-    assert far["domains"]["mopd-prefix"]["open"]["reason"] == "more than the margin below the teacher"
+    three = claim_check(_study([0.95, 0.93, 0.92], [0.7] * 3, [0.96, 0.94, 0.94]))
+    assert three["domains"]["mopd-standard"]["verifiable"]["verdict"] == "not shown at toy scale"
+    shaved = claim_check(_study([0.95, 0.86, 0.92, 0.9, 0.88], [0.7] * 5, [0.97, 0.906, 0.91, 0.99, 0.97]))
+    d = shaved["domains"]["mopd-standard"]["verifiable"]
+    assert d["verdict"] == "not shown at toy scale" and d["stats"]["low"] < 0 < d["stats"]["high"]
+    assert d["stats"]["n"] == 5 and d["stats"]["min_effect"] == 0.0 and d["stats"]["min_effect_why"]
+    far = claim_check(_study([0.8, 0.82, 0.79, 0.81, 0.8], [0.7] * 5, [1.0, 0.99, 1.0, 0.98, 1.0]))
+    assert far["domains"]["mopd-prefix"]["open"]["verdict"] == "does not hold"
+    bad = _study([0.95] * 5, [0.7] * 5, [0.96] * 5)
+    bad["teachers"]["rl"]["runs"][0]["seed"] = 9
+    with pytest.raises(ValueError, match="different seeds"):
+        claim_check(bad)
 
 
 def test_the_committed_study_is_judged_by_the_current_rule():

@@ -164,7 +164,8 @@ def test_compare_reports_every_seed_and_its_spread():
     from mimo_kit.pretrain.studies import CompareConfig, compare_optimizers, pm
     from mimo_kit.spread import spread
 
-    cfg = CompareConfig.preset("tiny", pretrain=STUDY, optimizers=("adamw", "muown"), warmup_steps_excluded=2)
+    cfg = CompareConfig.preset("tiny", pretrain=STUDY, optimizers=("adamw", "muown"), warmup_steps_excluded=2,
+                              seeds=3)
     r = compare_optimizers(cfg, progress=False)
     assert r["seeds"] == 3 and len(r["per_seed"]) == 6 and all(len(v) == 3 for v in r["logs"].values())
     adamw = r["summary"]["adamw"]["val_loss"]
@@ -187,13 +188,13 @@ def test_switch_and_qat_report_per_seed_numbers():
     from mimo_kit.pretrain.studies import QATConfig, SwitchConfig, optimizer_switch, ptq_vs_qat
 
     s = optimizer_switch(SwitchConfig.preset("tiny", pretrain=STUDY, switch_at=3, window=2,
-                                             branches=("adamw", "muown")), progress=False)
+                                             branches=("adamw", "muown"), seeds=3), progress=False)
     assert s["summary"]["adamw"]["excess"] == [0.0, 0.0, 0.0]  # the reference branch against itself
     for a, m in zip(s["logs"]["adamw"], s["logs"]["muown"]):
         assert a["loss"][:4] == m["loss"][:4]  # one trunk until the switch moves a loss
     n_ok = sum(e < s["spike_threshold"] for e in s["summary"]["muown"]["excess"])
     assert s["agree"][f"switch to muown: excess < {s['spike_threshold']}"] == f"{n_ok} of 3"
-    q = ptq_vs_qat(QATConfig.preset("tiny", pretrain=STUDY, qat_steps=2), progress=False)
+    q = ptq_vs_qat(QATConfig.preset("tiny", pretrain=STUDY, qat_steps=2, seeds=3), progress=False)
     for k in ("ptq", "qat"):
         g = q["summary"][k]
         assert g["gap"] == pytest.approx([b - a for a, b in zip(g["full"], g["mxfp4"])])

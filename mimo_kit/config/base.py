@@ -243,6 +243,14 @@ class Config:
         """Dotted keys whose value in ``self`` differs from ``other`` (same class)."""
         return {k: v for k, v in _flatten(self.to_dict()).items() if _flatten(other.to_dict()).get(k) != v}
 
+    @classmethod
+    def why(cls, name: str) -> str:
+        """The one-line reason recorded with field ``name``'s default (its ``knob``); unknown names raise."""
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return f.metadata.get("why", "")
+        raise ConfigError(f"{cls.__name__} has no field {name!r}")
+
     def describe(self) -> list[dict[str, Any]]:
         """Rows ``{key, value, default, why}`` for every (nested) field: the config as a readable table."""
         rows = []

@@ -27,8 +27,8 @@ def bench_decoder(cfg: BenchDecoderConfig) -> dict:
 class HybridSeedsConfig(HybridVsGlobalConfig):
     """The hybrid-vs-all-GA twins (Report §2) trained once per seed: ``seed``, ``seed + 1``, …"""
 
-    seeds: int = knob(3, "independent seeds (init and data order) behind every mean ± sd of the comparison",
-                      min=1)
+    seeds: int = knob(5, "independent seeds (init and data order): the fewest at which the paired rule's sign test "
+                         "can reach p <= 0.05 (5 of 5: 1/32)", min=1)
     margin: float = knob(0.05, "nats/byte: 'learns as well as all-GA' means a final validation loss at most this "
                                "far above the twin's (~2% of the tiny run's final loss)", min=0.0)
 

@@ -93,14 +93,18 @@ def ema(values, weight: float = 0.9) -> np.ndarray:
 
 
 # ---- 1. AdamW vs Muon vs Muown ----------------------------------------------------------------------------------
-SEEDS_WHY = "3 seeds: the least that gives a spread and a majority; each seed draws new weights and data order"
+SEEDS_WHY = ("5 seeds: the fewest at which the paired rule's sign test can reach p <= 0.05 (5 of 5: 1/32); each seed "
+             "draws new weights and data order")
 
 
 @dataclasses.dataclass
 class CompareConfig(Config):
     pretrain: PretrainConfig = dataclasses.field(default_factory=lambda: PretrainConfig(steps=200))
     optimizers: tuple[str, ...] = knob(("adamw", "muon", "muown"), "the report's optimiser and its two alternatives")
-    seeds: int = knob(3, SEEDS_WHY, min=1)
+    seeds: int = knob(5, SEEDS_WHY, min=1)
+    min_effect: float = knob(0.01, "nats/token: the smallest validation-loss gap the 'Muown ≤ AdamW' claim counts, "
+                                   "a quarter of a percent of the tiny run's loss, below which a gap is a rounding "
+                                   "matter between kernel sets", min=0.0)
     warmup_steps_excluded: int = knob(
         3, "wall-clock starts after step 3: the first steps pay one-time allocation and first-call costs (AdamW's "
            "first 3 steps once took 11 of its 18 s), which are not the optimiser's speed", min=0)
@@ -178,7 +182,7 @@ class SwitchConfig(Config):
     switch_at: int = knob(100, "switch half-way: AdamW's moments are settled, the loss still falling", min=1)
     branches: tuple[str, ...] = knob(("adamw", "muown", "muon"), "continue AdamW (reference), switch to Muown/Muon")
     window: int = knob(10, "steps after the switch in which a spike would show", min=1)
-    seeds: int = knob(3, SEEDS_WHY, min=1)
+    seeds: int = knob(5, SEEDS_WHY, min=1)
     spike_threshold: float = knob(
         0.1, "a spike is an excess over the AdamW branch (same batches) above 0.1 nats/token: several times the "
              "branches' difference in steady training, a small fraction of the loss still to lose", min=0.0)
@@ -258,7 +262,9 @@ class QATConfig(Config):
     qat_steps: int = knob(60, "the last ~third of the run: the report's QAT is a mid-training stage, not all of it",
                           min=1)
     quick_qat_steps: int = knob(6, "quick mode", min=1)
-    seeds: int = knob(3, SEEDS_WHY, min=1)
+    seeds: int = knob(5, SEEDS_WHY, min=1)
+    min_effect: float = knob(1e-4, "nats/token: the smallest gap difference the 'QAT gap < PTQ gap' claim counts, a "
+                                   "tenth of the tiny model's PTQ gap (~1e-3)", min=0.0)
 
     PRESETS = {"tiny": TINY_STUDY, "small": {"pretrain": {"steps": 400}, "qat_steps": 120}}
 

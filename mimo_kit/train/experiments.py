@@ -69,6 +69,30 @@ LATE_KEYS = ("pass_rate", "turns", "gen_tokens", "needless_rate", "kept_fraction
 EVAL_KEYS = ("pass_rate", "needless_rate", "turns", "gen_tokens")
 
 
+#: The smallest per-seed difference each RL claim counts as an effect (Report claims are directions; the kit's one
+#: rule, :func:`mimo_kit.claims.judge_paired`, needs the 95% interval above this), in the metric's own units, with
+#: its reason. One rule sets them all: one point for a rate, about 1% of the metric's toy-scale value otherwise.
+MIN_EFFECT: dict[str, tuple[float, str]] = {
+    "pass": (0.01, "one point of pass rate: a smaller change is about one held-out episode in a hundred"),
+    "needless_rate": (0.01, "one point of the needless-edit rate among passes"),
+    "turns": (0.05, "about 1% of the toy world's ~4 turns per episode"),
+    "tokens": (0.12, "about 1% of the toy world's ~12 generated tokens per episode"),
+    "router_cv": (0.01, "about 1% of the probe's ~0.6 load CV (the report's moves 0.78 → 2.0)"),
+    "mismatch": (1e-4, "nats: about 10% of the S = 4 arm's ~1e-3 mean |Δ log p| between rollout and learner"),
+    "eps_high": (0.003, "about 1% of the fixed ε_high of 0.28"),
+    "clip_share": (1e-4, "one token in 10,000: the report recipe clips a few tokens in 1,000"),
+    "entropy": (0.001, "nats: about 1% of the late policy entropy (~0.1 nats per token)"),
+}
+
+
+def min_effect(kind: str) -> dict[str, float | str]:
+    """``{"min_effect": m, "min_effect_why": why}`` of :data:`MIN_EFFECT` ``kind``, to pass to a claim."""
+    if kind not in MIN_EFFECT:
+        raise KeyError(f"no minimum effect for {kind!r}; known: {sorted(MIN_EFFECT)}")
+    m, why = MIN_EFFECT[kind]
+    return {"min_effect": m, "min_effect_why": why}
+
+
 @experiment("rl", RLConfig, chapter="ch04a")
 def rl(cfg: RLConfig) -> dict:
     """SFT warm start + RL on ``RLConfig.world`` (the repo world by default, ``world=toy`` the toy world);
