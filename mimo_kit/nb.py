@@ -1,5 +1,6 @@
 """What every chapter notebook does first and shows throughout: versions, preset, quick mode, source listings,
-and its claim checks as records (``claim_paired``, ``claim_rows``, ``claim_checks``, ``claim``; chapter 8 collects them).
+and its claim checks as records (``claim_paired``, ``claim_rows``, ``claim_checks``, ``claim``; chapter 8 collects
+them).
 
 >>> kit = start("ch01")          # prints versions, the preset and quick mode; applies the figure style
 >>> kit.steps(full=200, quick=5) # a loop length that honours MIMO_KIT_QUICK=1

@@ -69,6 +69,11 @@ def test_the_committed_chapters_make_claims_chapter_8_can_read():
     assert {p.stem.split("_")[0] for p in notebooks()} - {"ch08"} <= chapters
     assert all(c.seeds >= claims.MIN_SEEDS for c in found if c.kind == "experiment")
     assert all(c.verdict == "holds" for c in found if c.kind != "experiment")
+    for c in found:  # every committed experiment that holds meets the one rule, with its minimum effect
+        if c.kind == "experiment" and c.verdict == "holds":
+            s = c.stats
+            assert s["n"] >= 5 and s["p_sign"] <= 0.05 and s["low"] > 0 and s["low"] > s["min_effect"], c.claim
+            assert s["min_effect_why"], c.claim
 
 
 def test_seeds_that_agree_in_sign_inside_the_noise_are_not_shown():
@@ -211,7 +216,7 @@ def test_every_holding_judgement_meets_the_rule_a_claim_record_checks(diffs, min
     """Whatever the differences and minimum effect: a "holds" judgement has n >= 5, p <= 0.05 and an interval
     above both 0 and the minimum effect, and a claim record accepts its statistics; raising the minimum effect never
     turns a "not shown" into "holds"."""
-    from mimo_kit.claims import rule_problem, judge_paired
+    from mimo_kit.claims import judge_paired, rule_problem
 
     j = judge_paired(diffs, min_effect=min_effect, min_effect_why="m")
     if j.verdict == "holds":

@@ -19,8 +19,8 @@ from mimo_kit.results import DATA_DIR
 from mimo_kit.train.config import RLConfig
 
 #: a sentence that places a mechanism elsewhere, or says it is off, is not a claim about this section's run
-ELSEWHERE = re.compile(r"report's|the report |Report §|chapter \d|\boff\b|\bnot\b|\bno\b|refuses|fixed|planned|instead of|"
-                       r"without|would|set by hand", re.I)
+ELSEWHERE = re.compile(r"report's|the report |Report §|chapter \d|\boff\b|\bnot\b|\bno\b|refuses|fixed|planned|"
+                       r"instead of|without|would|set by hand", re.I)
 ON_POLICY_REASON = re.compile(r"on-policy|exactly 1|one optimiser step", re.I)
 
 
@@ -145,7 +145,7 @@ def test_each_rule_flags_a_false_sentence_and_passes_a_true_one(rule, bad, good)
         assert rule(good) == [], rule(good)
 
 
-# ---- the chapters -----------------------------------------------------------------------------------------------------
+# ---- the chapters ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", notebooks(NOTEBOOK_DIR), ids=lambda p: p.stem)
 def test_prose_about_mechanisms_matches_each_sections_runs(path):
     problems = [p for s in sections(path) for rule in RULES for p in rule(s)]
