@@ -153,7 +153,8 @@ class ViTWindowsConfig(Config):
     threads: int = knob(1, "torch threads: 1 keeps the seconds-per-step column comparable across machines", min=0)
 
     PRESETS = {"tiny": {"vit.in_channels": 1},
-               "mini": {"vit.in_channels": 1, "steps": 4, "batch": 8, "n_train": 32, "n_test": 16, "eval_every": 2}}
+               "mini": {"vit.in_channels": 1, "steps": 4, "batch": 8, "n_train": 32, "n_test": 16, "eval_every": 2,
+                        "seeds": 3}}
 
     def check(self) -> None:
         if not self.variants or len(set(self.variants)) != len(self.variants):
