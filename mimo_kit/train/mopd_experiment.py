@@ -174,6 +174,13 @@ def table(res: dict) -> str:
     return head + "\n".join(rows) + f"\n\n## Claim check\n\n{claim}\n"
 
 
+def published_json(res: dict) -> str:
+    """The committed result, its claim judged by this code's rule (:func:`claim_check`)."""
+    import json
+
+    return json.dumps({**res, "claim": claim_check(res)}, indent=1) + "\n"
+
+
 def figure(res: dict) -> bytes:
     """PNG: pass@1 per domain and policy, bars at the seed mean with min–max whiskers."""
     import matplotlib
@@ -204,7 +211,7 @@ def figure(res: dict) -> bytes:
 
 
 experiment("mopd2", MOPD2Config, chapter="ch05b",
-           publishes=(Publication("rl/mopd2_{preset}.json"), Publication("rl/mopd2_{preset}.md", table),
+           publishes=(Publication("rl/mopd2_{preset}.json", published_json), Publication("rl/mopd2_{preset}.md", table),
                       Publication("rl/mopd2_{preset}.png", figure)))(mopd2)
 
 
