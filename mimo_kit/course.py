@@ -47,10 +47,12 @@ class ChapterRun:
 
 
 def source_hash(nb: nbformat.NotebookNode) -> str:
-    """sha256 over the cell types and sources: what the committed outputs must have been produced from."""
+    """sha256 over the code cells' sources, in order: what the committed outputs must have been produced from (the
+    prose produces no output, so a reworded paragraph leaves the committed outputs as fresh as they were)."""
     h = hashlib.sha256()
     for cell in nb.cells:
-        h.update(cell.cell_type.encode() + b"\0" + cell.source.encode() + b"\0")
+        if cell.cell_type == "code":
+            h.update(cell.source.encode() + b"\0")
     return h.hexdigest()
 
 
@@ -408,7 +410,7 @@ def regenerate(directory: Path = NOTEBOOK_DIR, *, only: str | None = None, timeo
     done = []
     for path in tqdm([p for p in notebooks(directory) if only is None or only in p.stem], desc="notebooks"):
         nb = execute(path, quick=False, preset="tiny", timeout=timeout)
-        nb.metadata["mimo_kit"] = {"source_sha256": source_hash(nb), "preset": "tiny", "quick": False}
+        nb.metadata["mimo_kit"] = {"code_sha256": source_hash(nb), "preset": "tiny", "quick": False}
         nbformat.write(nb, path)
         done.append(path)
     return done

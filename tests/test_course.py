@@ -157,11 +157,14 @@ def test_committed_course_converts_without_executing(tmp_path, capsys, assert_lo
     assert "only='nope'" in capsys.readouterr().err
 
 
-def test_source_hash_changes_with_any_cell_source():
-    a = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")])
-    b = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 2")])
-    c = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x = 1")])
+def test_source_hash_changes_with_any_code_cell_and_not_with_prose():
+    v4 = nbformat.v4
+    a = v4.new_notebook(cells=[v4.new_code_cell("x = 1")])
+    b = v4.new_notebook(cells=[v4.new_code_cell("x = 2")])
+    c = v4.new_notebook(cells=[v4.new_code_cell("x = 1"), v4.new_code_cell("")])  # one more cell: another run
+    d = v4.new_notebook(cells=[v4.new_markdown_cell("reworded"), v4.new_code_cell("x = 1")])
     assert len({source_hash(a), source_hash(b), source_hash(c)}) == 3
+    assert source_hash(d) == source_hash(a)  # prose produces no output
 
 
 def _chapter(path, body_heading, committed_text):

@@ -39,7 +39,7 @@ def test_committed_outputs_are_fresh(path):
     """Policy: notebooks are committed executed on the tiny preset by `make notebooks`, stamped with their sources."""
     nb = nbformat.read(path, as_version=4)
     stamp = nb.metadata.get("mimo_kit", {})
-    assert stamp.get("source_sha256") == source_hash(nb), f"{path.name}: sources changed; run `make notebooks`"
+    assert stamp.get("code_sha256") == source_hash(nb), f"{path.name}: code changed; run `make notebooks`"
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert [c.execution_count for c in code] == list(range(1, len(code) + 1)), "not executed top to bottom"
     assert not [o for c in code for o in c.outputs if o.get("output_type") == "error"]
