@@ -235,20 +235,26 @@ def cmd_notebooks(args: argparse.Namespace) -> int:
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
-    from mimo_kit.grade import grade
+    from mimo_kit.grade import GradingStopped, grade
+
+    def show(g) -> None:
+        errors = f" · {len(g.errors)} cell error(s)" if g.errors else ""
+        print(f"{g.student:>16} {g.chapter:6} {g.score:g}/{len(g.rows)}{errors} · {g.seconds:.0f} s", flush=True)
 
     try:
-        graded = grade(args.notebooks, args.out, timeout=args.timeout, preset=args.preset)
+        graded = grade(args.notebooks, args.out, timeout=args.timeout, preset=args.preset, jobs=args.jobs,
+                       notebook_timeout=args.notebook_timeout, exercises=args.exercises, feedback=args.feedback,
+                       sandbox=False if args.no_sandbox else None, on_graded=show)
     except (FileNotFoundError, ValueError) as e:
         print(f"mimo-kit: error: {e}", file=sys.stderr)
         return 2
-    for g in graded:
-        errors = f" · {len(g.errors)} cell error(s)" if g.errors else ""
-        print(f"{g.student:>16} {g.chapter:6} {g.score}/{len(g.verdicts)}{errors}")
+    except GradingStopped as e:
+        print(f"mimo-kit grade: stopped: {e}", file=sys.stderr)
+        return 143
     if graded and not all(g.sandboxed for g in graded):
-        print("note: `unshare -rn` is refused here, so the kernels ran with this account's network and files",
-              file=sys.stderr)
-    print(f"gradebook → {args.out}")
+        why = "--no-sandbox" if args.no_sandbox else "`unshare -rn` is refused here"
+        print(f"note: {why}, so the kernels ran with this account's network and files", file=sys.stderr)
+    print(f"gradebook → {args.out}" + (f" · feedback pages → {args.feedback}/" if args.feedback else ""))
     return 0
 
 
@@ -411,7 +417,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "→ a gradebook CSV")
     gr.add_argument("notebooks", nargs="+", help="submitted notebooks (submissions/STUDENT/chXX_….ipynb)")
     gr.add_argument("--out", default="grades.csv", help="the gradebook (default grades.csv)")
-    gr.add_argument("--timeout", type=int, default=600, help="seconds per cell; a cell over it is interrupted")
+    gr.add_argument("--timeout", type=float, default=600, help="seconds per cell: a cell over it is interrupted, "
+                    "and its kernel killed if it does not stop (default 600)")
+    gr.add_argument("--notebook-timeout", type=float, default=None,
+                    help="seconds per notebook: past it the notebook is stopped and keeps what it answered "
+                    "(default 1800)")
+    gr.add_argument("--jobs", "-j", type=int, default=1, help="notebooks graded at once (default 1)")
+    gr.add_argument("--exercises", help="grade only these exercises, e.g. 1-5 or 1,3,5-7 (default: all)")
+    gr.add_argument("--feedback", help="a folder for one HTML feedback page per student")
+    gr.add_argument("--no-sandbox", action="store_true", help="run kernels with this account's network and files "
+                    "even where `unshare -rn` works (default: sandboxed wherever it works)")
     gr.add_argument("--preset", default="tiny", choices=PRESET_NAMES)
     gr.set_defaults(fn=cmd_grade)
 

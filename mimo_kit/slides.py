@@ -49,6 +49,9 @@ CHARS_PER_LINE = 80
 LEAD_CHARS = 240
 #: reveal.js's canvas, scaled to the window
 WIDTH, HEIGHT = 1280, 720
+#: the smallest size a display equation is set at to fit its slide's width, as a fraction of its typeset size: below
+#: half the body size it no longer reads from the back of a lecture room, so its source is to be split instead
+MIN_MATH_SCALE = 0.5
 
 
 @dataclasses.dataclass
@@ -336,16 +339,64 @@ _STYLE = """
 """
 
 
+#: A display equation wider than the room it has on its slide is set smaller, just enough to fit (never below
+#: :data:`MIN_MATH_SCALE` of its size; one still too wide at that size is named in the console). It runs on the typeset
+#: hook, chained before the deck's own (reveal.js's layout), once reveal.js has sized the slides to the canvas.
+_FIT_MATHS = """
+<script>
+(() => {
+  const MIN_SCALE = {min_scale};
+  const fit = () => {
+    const leaves = [...document.querySelectorAll('.reveal .slides section')].filter(s => !s.querySelector('section'));
+    leaves.forEach((slide, i) => {
+      // reveal.js lays out only the slides near the current one: show this one (and its stack) while measuring
+      const shown = [slide, slide.parentElement].map(e => [e, e.style.display]);
+      shown.forEach(([e]) => { e.style.display = 'block'; });
+      for (const c of slide.querySelectorAll('mjx-container[display="true"]')) {
+        const maths = c.querySelector('mjx-math');
+        if (!maths || c.closest('aside.notes')) continue;  // the speaker notes are not on the slide
+        const size = parseFloat(getComputedStyle(c).fontSize);
+        let scale = 1;
+        // widths in the same (scaled) pixels; a few rounds, as rule thicknesses and rounding do not scale
+        for (let k = 0; k < 4; k++) {
+          const room = c.getBoundingClientRect().width, need = maths.getBoundingClientRect().width;
+          if (need <= room || scale === MIN_SCALE) break;
+          scale = Math.max(MIN_SCALE, scale * room / need * 0.999);  // a hair under: it fits after rounding
+          c.style.fontSize = `${size * scale}px`;
+        }
+        if (maths.getBoundingClientRect().width > c.getBoundingClientRect().width)
+          console.warn(`slide ${i + 1}: an equation is wider than the slide at ${MIN_SCALE} of its size`);
+      }
+      shown.forEach(([e, display]) => { e.style.display = display; });
+    });
+  };
+  const after = window.mkAfterTypeset;
+  window.mkAfterTypeset = () => {
+    if (Reveal.isReady()) fit(); else Reveal.on('ready', fit);
+    if (after) after();
+  };
+  if (window.mkTypeset) window.mkAfterTypeset();
+})();
+</script>
+"""
+
+
 def deck_html(nb: nbformat.NotebookNode, *, title: str | None = None) -> str:
-    """The deck of ``nb`` as one HTML page; it loads its assets from ``assets/`` beside it (:func:`web.install`)."""
+    """The deck of ``nb`` as one HTML page; it loads its assets from ``assets/`` beside it (:func:`web.install`).
+    Over-wide display equations are shrunk to fit once typeset (:data:`_FIT_MATHS`)."""
     from jinja2 import Environment, FileSystemLoader
 
     slides = deck_slides(nb)
     env = Environment(loader=FileSystemLoader(str(web.TEMPLATES)), autoescape=False)
-    return env.get_template("deck.html.j2").render(
+    page = env.get_template("deck.html.j2").render(
         slides=_grouped(slides), title=html.escape(title or (slides[0].title if slides else "deck")), style=_STYLE,
         css=web.REVEAL_CSS, reveal=web.REVEAL_JS, notes=web.REVEAL_NOTES, mathjax=web.MATHJAX,
         width=WIDTH, height=HEIGHT)
+    # after the template's own script, which sets the typeset hook this one chains onto
+    head, body_end, tail = page.rpartition("</body>")
+    if not body_end:
+        raise ValueError("deck_html: the deck template has no </body> to put the equation fit before")
+    return head + _FIT_MATHS.replace("{min_scale}", str(MIN_MATH_SCALE)) + body_end + tail
 
 
 def _grouped(slides: list[Slide]) -> list[list[Slide]]:
