@@ -33,8 +33,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("harness", {"harness"}),
     ("train", {"train"}),
     ("distill", {"distill"}),
-    ("course", {"intro", "solutions", "course", "slides", "exercises", "answers", "grade", "student", "web", "envcheck",
-                "cli", "__init__"}),
+    ("course", {"intro", "solutions", "course", "slides", "exercises", "answers", "grade", "grade_kernel", "gradebook",
+                "student", "web", "envcheck", "cli", "__init__"}),
 ]
 LAYER_OF = {name: i for i, (_, names) in enumerate(LAYERS) for name in names}
 
