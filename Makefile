@@ -38,10 +38,27 @@ KERNELS ?= default
 test-kernels: $(STAMP)
 	ATEN_CPU_CAPABILITY=$(KERNELS) $(PYTEST) -m "($(FAST)) or outcome"
 
-# lint, imports, every fast unit and property test, a smoke per subsystem: the tests without a slow marker
+# lint, imports, every fast unit and property test, a smoke per subsystem: the tests without a slow marker; also the
+# package's doctests that run in seconds, and that a notebook's kernel (it starts in notebooks/) imports this folder's
+# copy of the kit, not another one installed in the environment. The student edition (`mimo-kit course --student`)
+# has no tests/: there the check is the lint of what it holds, the doctests and the kernel's import.
+LINTED    := $(wildcard mimo_kit tests notebooks benchmarks)
+DOCTESTED := mimo_kit/exercises.py mimo_kit/config/__init__.py mimo_kit/model/__init__.py \
+             mimo_kit/harness/__init__.py mimo_kit/rl/__init__.py
+# run in notebooks/ (python code of its own: the copy it checks may be any other one)
+KIT_HERE  := import mimo_kit, pathlib, sys; kit = pathlib.Path(mimo_kit.__file__).resolve().parent; \
+             here = pathlib.Path("../mimo_kit").resolve(); print(f"a notebook here imports mimo_kit from {kit}"); \
+             sys.exit(0 if kit == here else f"not {here}: this Python ({sys.prefix}) has another copy of the "\
+                      "kit installed; make setup installs the copy here into the .venv here")
 check: $(STAMP)
-	$(BIN)/ruff check mimo_kit tests notebooks benchmarks
+	$(BIN)/ruff check $(LINTED)
+	cd notebooks && $(abspath $(BIN))/python -c '$(KIT_HERE)'
+	$(BIN)/python -m pytest -q -p no:cacheprovider --doctest-modules $(DOCTESTED)
+ifneq ($(wildcard tests),)
 	$(PYTEST) -m "$(FAST)"
+else
+	@echo "no tests/ here (the student edition): the lint, the doctests and the kernel's import are its check"
+endif
 
 # the whole suite with each test's seconds → benchmarks/RESULTS_suite.md and suite_durations.json; inductor's
 # cache starts empty, as on a fresh CI machine (a warm one hides the compiled-decode test's compile time)

@@ -60,8 +60,8 @@ def verdict(rows: list[dict]) -> str:
     return head + ("The in-process engines share one Python process, so their decode loops take turns on the "
                    "interpreter and each decodes a smaller batch; the overlap of one engine's generation with the "
                    "others' sandboxed tool calls and grading has to pay for both. Engines in their own processes "
-                   "(`mimo-kit serve` servers, several `engine_url=` URLs) decode in parallel; measuring them here, "
-                   "and asynchronous steps, are planned.")
+                   "(`mimo-kit serve` servers, several `engine_url=` URLs) decode in parallel: "
+                   "`benchmarks/RESULTS_async.md` measures them, with asynchronous steps.")
 
 
 def main() -> None:

@@ -254,9 +254,8 @@ assert exercise("ch02a", 3).accepts(answer_3)
 assert not exercise("ch02a", 3).accepts(n_layers * window)  # the query counted 39 times'''),
     Key(4, r"""
 A SWA query sees 4 keys whose scaled scores $s_{ij}$ are 0.0, 0.5, 1.0 and 2.0, and its head's sink logit is 1.0.
-What share $\pi_i$ of its attention does the sink absorb? Work it out with the equation of section 2, then check
-with `sink_attention` (values of 1 make the output $1 - \pi_i$). Give the share (a ratio, not a percent) to 3
-decimals, correctly rounded.""", r"""
+What share $\pi_i$ of its attention does the sink absorb? Work it out by hand with the equation of section 2. Give
+the share (a ratio, not a percent) to 3 decimals, correctly rounded.""", r"""
 The sink joins the softmax's denominator as one more logit and brings no value:
 
 $$\pi_i = \frac{e^{\text{sink}_h}}{e^{\text{sink}_h} + \sum_{j \in \mathcal{W}(i)} e^{s_{ij}}}
@@ -591,37 +590,44 @@ from mimo_kit.exercises import exercise
 from mimo_kit.model import MiMoConfig, count_parameters
 from mimo_kit.optim import qdq''', [
     Key(1, r"""
-How many pre-training tokens per *active* parameter did Flash see (48T tokens; use `count_parameters`)? Round to an
-integer.""", r"""
-`count_parameters` gives Flash $N_{\mathrm{active}} = 15\,445\,924\,288$ (top-8 of 256 experts, see chapter 2), so
+The table gives Flash's tokens per *active* parameter. How many pre-training tokens per *total* parameter did Flash
+see (48T tokens; use `count_parameters`)? Round to an integer. Which of the two ratios compares with a dense model's
+compute-optimal ratio of about 20, and why?""", r"""
+`count_parameters` gives Flash $N_{\mathrm{total}} = 308\,778\,768\,832$ (all 256 experts of every MoE layer), so
 
-$$\frac{48 \times 10^{12}}{15\,445\,924\,288} = 3107.6 \approx 3108 \text{ tokens per active parameter},$$
+$$\frac{48 \times 10^{12}}{308\,778\,768\,832} = 155.45 \approx 155 \text{ tokens per total parameter}.$$
 
-two orders of magnitude above the compute-optimal dense ratio of about 20. The checker takes 3107 or 3108. Per
-*total* parameter ($308.8$B) it would be $155$, the wrong denominator for an MoE.""", '''
+The checker takes 155 or 156. The active ratio ($N_{\mathrm{active}} = 15.4$B, about 3108 tokens per parameter) is
+the one to compare with a dense model's ~20: a token's forward and backward pass costs FLOPs in the active
+parameters only, so tokens per *active* parameter measures how far past the compute-optimal point the training
+ran, while tokens per *total* parameter counts how often, on average, an expert's weights were trained on.""", '''
 counts = count_parameters(MiMoConfig.preset("flash"))
-ratio = 48e12 / counts["active"]
-print(f"active {counts['active']:,}; 48T / active = {ratio:.2f}")
+ratio = 48e12 / counts["total"]
+print(f"total {counts['total']:,}; 48T / total = {ratio:.2f}")
 answer_1 = round(ratio)
 print(answer_1)''', '''
 assert exercise("ch03", 1).accepts(answer_1)
-assert exercise("ch03", 1).accepts(int(ratio))  # rounded down
-assert not exercise("ch03", 1).accepts(round(48e12 / counts["total"]))  # per total parameter'''),
+assert exercise("ch03", 1).accepts(int(ratio) + 1)  # rounded up
+assert not exercise("ch03", 1).accepts(round(48e12 / counts["active"]))  # per active parameter'''),
     Key(2, r"""
-How many bits per weight does MXFP4 store (elements and the shared scale together)?""", r"""
-A block of 32 weights stores 32 E2M1 elements of 4 bits and one E8M0 scale of 8 bits:
+MXFP4 stores blocks of 32 E2M1 elements with one E8M0 scale each. How many bits per weight would the same format
+store with blocks of 16 elements (elements and the shared scale together)?""", r"""
+A block of 16 weights stores 16 E2M1 elements of 4 bits and one E8M0 scale of 8 bits:
 
-$$\frac{32 \cdot 4 + 8}{32} = \frac{136}{32} = 4.25 \text{ bits per weight}.$$
+$$\frac{16 \cdot 4 + 8}{16} = \frac{72}{16} = 4.5 \text{ bits per weight},$$
 
-Forgetting the scale gives $4$.""", '''
-block, element_bits, scale_bits = 32, 4, 8
+against $(32 \cdot 4 + 8) / 32 = 4.25$ for MXFP4's blocks of 32: halving the block doubles the scale's share (a finer
+scale follows the weights more closely, at 0.25 more bits per weight). Forgetting the scale gives $4$; keeping
+the block of 32 gives $4.25$.""", '''
+block, element_bits, scale_bits = 16, 4, 8
 answer_2 = (block * element_bits + scale_bits) / block
 print(answer_2)''', '''
 assert exercise("ch03", 2).accepts(answer_2)
-assert not exercise("ch03", 2).accepts(4)  # the shared scale forgotten'''),
+assert not exercise("ch03", 2).accepts(4)  # the shared scale forgotten
+assert not exercise("ch03", 2).accepts((32 * 4 + 8) / 32)  # MXFP4's own block of 32'''),
     Key(3, r"""
-What does MXFP4 make of the value 0.7 in a block whose largest magnitude is 3.0? Work it out by hand, then check
-with `mimo_kit.optim.qdq`.""", r"""
+What does MXFP4 make of the value 0.7 in a block whose largest magnitude is 3.0? Work it out by hand: the block's
+shared scale first, then the E2M1 grid point.""", r"""
 The shared scale is $X = 2^{\lfloor \log_2 \max_i |V_i| \rfloor - 2}$ (2 is the exponent of E2M1's largest value,
 $6 = 1.5 \cdot 2^2$): $\lfloor \log_2 3 \rfloor = 1$, so $X = 2^{-1} = 0.5$. The element is $0.7 / 0.5 = 1.4$,
 rounded to the nearest E2M1 value of $\{0, 0.5, 1, 1.5, 2, 3, 4, 6\}$: $1.5$ (the midpoints around it are 1.25 and
@@ -726,26 +732,24 @@ assert not exercise("ch03", 5).accepts([round(x, 3) for x in raw])  # the Froben
 assert not exercise("ch03", 5).accepts([1.0, 1.0])  # the exact orthogonal factor'''),
 ])
 
-CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP + '''
-from mimo_kit.train.config import RLConfig''', [
+CH04A = Chapter("ch04a_rl_at_scale", "ch04a", "Chapter 4a · RL at scale", SETUP, [
     Key(1, r"""
-How many times more rollouts does one report step hold than the toy world's step (`RLConfig.preset("toy")`:
-16 prompts × 8)? (integer)""", r"""
-The report's step (the chapter's table) samples 1,568 prompts with 16 rollouts each; the toy step 16 prompts with
-a group of 8:
+The report's step (the chapter's table) samples 1,568 prompts with 16 rollouts each and trains 2.7B–3.7B tokens. At
+the midpoint of that range, how many tokens does one rollout carry on average? (an integer, rounded either way)""", r"""
+The step holds $1568 \cdot 16 = 25\,088$ rollouts; the midpoint of 2.7B–3.7B is 3.2B tokens:
 
-$$\frac{1568 \cdot 16}{16 \cdot 8} = \frac{25\,088}{128} = 196 .$$
+$$\frac{3.2 \times 10^{9}}{25\,088} = 127\,551.02 \approx 127\,551 \text{ tokens per rollout},$$
 
-Comparing prompts only ($1568 / 16 = 98$) ignores that the report's groups are twice as large.""", '''
-toy = RLConfig.preset("toy")
-report = 1568 * 16
-toy_step = toy.prompts * toy.group_size
-print("report:", report, "toy:", toy_step, f"({toy.prompts} x {toy.group_size})")
-answer_1 = report // toy_step
-assert answer_1 * toy_step == report
+inside the table's 110K–150K tokens per sequence, as it should be: each rollout is one long agentic trajectory.
+Dividing by the prompts only ($3.2\text{B} / 1568 \approx 2.04$M) counts a whole group as one sequence.""", '''
+rollouts = 1568 * 16
+tokens = (2.7e9 + 3.7e9) / 2
+print("rollouts:", rollouts, "tokens:", tokens)
+answer_1 = round(tokens / rollouts)
 print(answer_1)''', '''
 assert exercise("ch04a", 1).accepts(answer_1)
-assert not exercise("ch04a", 1).accepts(1568 // toy.prompts)  # prompts only'''),
+assert exercise("ch04a", 1).accepts(int(tokens / rollouts) + 1)  # rounded up
+assert not exercise("ch04a", 1).accepts(round(tokens / 1568))  # per prompt, not per rollout'''),
     Key(2, r"""
 What does the toy program `+3*2-1` return for input 4?""", r"""
 A toy program applies its lines to an accumulator from left to right, one line at a time (no operator
@@ -761,17 +765,17 @@ assert exercise("ch04a", 2).accepts(answer_2)
 assert not exercise("ch04a", 2).accepts(4 + 3 * 2 - 1)  # operator precedence'''),
     Key(3, r"""
 Dynamic sampling keeps a group only when its rollouts neither all pass nor all fail. At the report's group size of
-16 rollouts and a pass rate of 0.9 (rollouts independent), what share of the groups carries signal? Give 3 decimals
+16 rollouts and a pass rate of 0.88 (rollouts independent), what share of the groups carries signal? Give 3 decimals
 (a ratio, correctly rounded).""", r"""
 A group of $G$ independent rollouts is dropped when all pass ($p^G$) or all fail ($(1 - p)^G$); the rest keep a
 GRPO signal:
 
-$$q = 1 - p^G - (1 - p)^G = 1 - 0.9^{16} - 0.1^{16} = 1 - 0.185302 - 10^{-16} = 0.814698 \approx 0.815 .$$
+$$q = 1 - p^G - (1 - p)^G = 1 - 0.88^{16} - 0.12^{16} = 1 - 0.129337 - 1.8 \times 10^{-15} = 0.870663 \approx 0.871 .$$
 
-At the toy step's group of 8 the same pass rate keeps only $1 - 0.9^8 - 0.1^8 = 0.570$: the larger the group, the
-longer a prompt the policy mostly solves still teaches something. The dropped share ($0.185$) and the toy's group
-size ($0.570$) are the typical mistakes.""", '''
-p, G = 0.9, 16
+At the toy step's group of 8 the same pass rate keeps only $1 - 0.88^8 - 0.12^8 = 0.640$: the larger the group, the
+longer a prompt the policy mostly solves still teaches something. The dropped share ($0.129$) and the toy's group
+size ($0.640$) are the typical mistakes.""", '''
+p, G = 0.88, 16
 all_pass, all_fail = p**G, (1 - p) ** G
 q = 1 - all_pass - all_fail
 print(f"all pass {all_pass:.6f}, all fail {all_fail:.1e}, kept {q:.6f}")
@@ -784,7 +788,7 @@ assert not exercise("ch04a", 3).accepts(round(1 - p**8 - (1 - p) ** 8, 3))  # th
     Key(4, r"""
 A rollout of a partial-rollout batch generated its first action (12 tokens) under policy version 5; the batch was
 cut, and after the weight update its second action (28 tokens) came under version 6. The batch trains at version 7.
-What is the mean token lag of its generated tokens (`partial.version_lag`)? Give 2 decimals (correctly
+What is the mean token lag of its generated tokens? Work it out by hand. Give 2 decimals (correctly
 rounded).""", r"""
 Every generated token carries the policy version of its dispatch, and its lag is the training version minus that
 version: the 12 tokens of the first action lag $7 - 5 = 2$, the 28 of the second $7 - 6 = 1$. The mean runs over
@@ -865,8 +869,9 @@ expected = (target.expected[0], target.expected[1], target.expected[2])
 print("the task's expected report:", expected)
 assert not exercise("ch04b", 2).accepts(expected)  # the bug the task asks for, not the decoy's'''),
     Key(3, r"""
-What GRS reward R does the `sprawl` rollout get (rounded to 3 decimals)? Why is the `small-change` item in the
-rubric at all?""", r"""
+Work out by hand the GRS reward R of the `sprawl` rollout (rounded to 3 decimals), from the rubric table and
+$R = R_{\mathrm{test}} \cdot S_{\mathrm{sol}} \cdot S_{\mathrm{beh}}$. Why is the `small-change` item in the rubric at
+all?""", r"""
 GRS gives $R = R_{\mathrm{test}} \cdot S_{\mathrm{sol}} \cdot S_{\mathrm{beh}}$, each rubric score the fraction
 of its items met. For the `stats-median` group the synthesiser writes 6 solution items (changes `median`, keeps
 its signature, in-package, no tests or config, no fallback, small change) and 3 behaviour items (inspects,

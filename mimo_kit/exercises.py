@@ -3,10 +3,17 @@
 A notebook checks an answer with ``exercise("ch02b", 1).check(answer_1)``; the instructor key (``instructor/``)
 derives each answer by hand and asserts ``exercise(ch, n).accepts(answer)``, so a checker that rejects a correct
 derivation fails CI. A numeric exercise states a rounding: the reference is the unrounded value, and every correct
-rounding of it at that precision or finer is accepted, a mis-rounded one is not.
+rounding of it at that precision or finer is accepted, a mis-rounded one is not. The example's reference, 8.302137,
+is made up: the student edition ships this text, so no example shows an exercise's answer.
 
->>> exercise("ch02b", 1).accepts(4.16114), exercise("ch02b", 1).accepts(4.16), exercise("ch02b", 1).accepts(4.165)
-(True, True, False)
+>>> class MadeUp(Exercise):
+...     def reference(self):
+...         return 8.302137
+...     def alternatives(self):
+...         return []
+>>> made_up = MadeUp("ch00", 1, "a number to 2 decimals (or more, correctly rounded)", decimals=2)
+>>> made_up.accepts(8.30), made_up.accepts(8.3021), made_up.accepts(8.305), made_up.accepts(8.31)
+(True, True, False, False)
 """
 
 from __future__ import annotations
@@ -81,8 +88,8 @@ class Exercise:
 
     ``decimals``: the rounding asked of a number (a tuple gives one per element). The reference is the unrounded
     value, and an answer is right when it is that value correctly rounded at the precision it is written in, that
-    precision being the one asked or finer: 17.33 and 17.3333 for 17.3333…, never 17.335 (written to 3 decimals,
-    it should read 17.333). A float with more than :data:`TYPED_DECIMALS` decimals is a computation's result
+    precision being the one asked or finer: 8.30 and 8.3021 for 8.30214…, never 8.305 (written to 3 decimals,
+    it should read 8.302). A float with more than :data:`TYPED_DECIMALS` decimals is a computation's result
     (from a rounded intermediate, say) and is judged at the asked precision. ``tol`` is an absolute tolerance for
     the other cases (an integer "±1": rounded either way); with neither a number is exact (integers, indices; a
     float within float32 rounding). ``normalise`` maps an answer and the reference to the form they are compared
@@ -98,6 +105,10 @@ class Exercise:
     decimals: int | tuple[int, ...] | None = None
     normalise: Callable[[Any], Any] | None = None
     unordered: bool = False  # a sorted list asked as the canonical form of a set: a set is the same answer
+    #: the exercise asks for a derivation or a choice that no kit call gives: neither its text nor its cell's hint
+    #: names a function that computes the answer (tests/test_exercise_texts.py); at least two per chapter, so the
+    #: points measure understanding as well as finding the right call
+    derive: bool = False
 
     @property
     def label(self) -> str:
@@ -175,7 +186,7 @@ def _short(answer: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-#: decimals a typed answer has at most: a number with more is a computation's float (4.16 / 1.5 from a rounded
+#: decimals a typed answer has at most: a number with more is a computation's float (8.30 / 1.5 from a rounded
 #: intermediate), judged at the asked precision rather than its own
 TYPED_DECIMALS = 6
 #: relative slack of an "exact" number: a float32 (or a tensor's) rounding of the exact value, ~6e-8 relative, is
@@ -199,7 +210,7 @@ def plain(x: Any, like: Any = None) -> Any:
         half = str(getattr(x, "dtype", "")).removeprefix("torch.") in ("float32", "float16", "bfloat16")
         x = x.detach().cpu().float().tolist() if hasattr(x, "detach") and half else (
             x.detach().cpu().tolist() if hasattr(x, "detach") else x.tolist())
-        if half:  # a float32 holds 4.16 as 4.159999847…: read it as the shortest decimal that float32 prints
+        if half:  # a float32 holds 0.1 as 0.100000001…: read it as the shortest decimal that float32 prints
             x = _map_floats(x, _float32_decimal)
         if isinstance(x, list) and _number(like):
             flat = _flatten(x)
@@ -247,7 +258,7 @@ def _flatten(x: Any) -> list:
 
 
 def decimals_of(x: float | int) -> int:
-    """Decimal places a number is written with (its shortest repr: 17.335 → 3, 4.0 → 0, 1e-05 → 5)."""
+    """Decimal places a number is written with (its shortest repr: 8.305 → 3, 4.0 → 0, 1e-05 → 5)."""
     import decimal
 
     if isinstance(x, int):
@@ -319,72 +330,79 @@ def _shape_mismatch(a: Any, b: Any) -> str | None:
 _ALL = [
     Exercise("ch01", 1, "an integer: the SWA layers left"),
     Exercise("ch01", 2, "(rollouts, tokens per rollout) as integers; the second rounded either way, ±1",
-             tol=(0, 1)),
+             tol=(0, 1), derive=True),
     Exercise("ch01", 3, "a `mimo-kit run …` line, compared as the job it runs", normalise=_run_target),
     Exercise("ch01", 4, "GiB per GPU to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch01", 5, "two ratios [total, active], each to 2 decimals (or more, correctly rounded)", decimals=2),
+    Exercise("ch01", 5, "two ratios [total, active], each to 2 decimals (or more, correctly rounded)",
+             decimals=2, derive=True),
     Exercise("ch02a", 1, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch02a", 2, "billions to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch02a", 3, "an integer number of tokens"),
-    Exercise("ch02a", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch02a", 3, "an integer number of tokens", derive=True),
+    Exercise("ch02a", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)",
+             decimals=3, derive=True),
     Exercise("ch02a", 5, "four weights, one per expert (0 where it is not chosen), each to 3 decimals (or more, "
              "correctly rounded)", decimals=3),
     Exercise("ch02b", 1, "tokens per round to 2 decimals or more, correctly rounded", decimals=2),
-    Exercise("ch02b", 2, "three probabilities, each to 2 decimals or more, correctly rounded", decimals=2),
+    Exercise("ch02b", 2, "three probabilities, each to 2 decimals or more, correctly rounded", decimals=2, derive=True),
     Exercise("ch02b", 3, "a speedup to 2 decimals or more, correctly rounded", decimals=2),
-    Exercise("ch02b", 4, "the emitted tokens in order, a list of integers"),
+    Exercise("ch02b", 4, "the emitted tokens in order, a list of integers", derive=True),
     Exercise("ch02b", 5, "an acceptance probability to 3 decimals or more, correctly rounded", decimals=3),
-    Exercise("ch02c", 1, "an integer number of backbone positions"),
+    Exercise("ch02c", 1, "an integer number of backbone positions", derive=True),
     Exercise("ch02c", 2, "an integer number of tiles"),
-    Exercise("ch02c", 3, "an integer number of RVQ tokens"),
+    Exercise("ch02c", 3, "an integer number of RVQ tokens", derive=True),
     Exercise("ch02c", 4, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch02c", 5, "an integer number of bits per second"),
-    Exercise("ch03", 1, "tokens per active parameter, an integer rounded either way, ±1", tol=1),
-    Exercise("ch03", 2, "bits per weight, exact (two decimals suffice)", decimals=2),
-    Exercise("ch03", 3, "the dequantised value, exact (two decimals suffice)", decimals=2),
+    Exercise("ch03", 1, "tokens per total parameter, an integer rounded either way, ±1", tol=1),
+    Exercise("ch03", 2, "bits per weight, exact (two decimals suffice)", decimals=2, derive=True),
+    Exercise("ch03", 3, "the dequantised value, exact (two decimals suffice)", decimals=2, derive=True),
     Exercise("ch03", 4, "a factor to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch03", 5, "two values in the order of G's diagonal, each to 3 decimals (or more, correctly rounded)",
              decimals=3),
-    Exercise("ch04a", 1, "an integer"),
+    Exercise("ch04a", 1, "an integer number of tokens, rounded either way, ±1", tol=1, derive=True),
     Exercise("ch04a", 2, "an integer"),
     Exercise("ch04a", 3, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
-    Exercise("ch04a", 4, "versions to 2 decimals (or more, correctly rounded)", decimals=2),
+    Exercise("ch04a", 4, "versions to 2 decimals (or more, correctly rounded)",
+             decimals=2, derive=True),
     Exercise("ch04b", 1, "an integer: tasks bypassed"),
     Exercise("ch04b", 2, "a tuple (type, function, file) of strings"),
-    Exercise("ch04b", 3, "R to 3 decimals (or more, correctly rounded)", decimals=3),
-    Exercise("ch04b", 4, "a sorted list of the rubric item names `sprawl` fails", unordered=True),
+    Exercise("ch04b", 3, "R to 3 decimals (or more, correctly rounded)",
+             decimals=3, derive=True),
+    Exercise("ch04b", 4, "a sorted list of the rubric item names `sprawl` fails", unordered=True, derive=True),
     Exercise("ch04b", 5, "R to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch04b", 6, "a similarity to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch04c", 1, "two advantages to 4 decimals (or more, correctly rounded), with the kit's ε = 1e-4 in the "
              "std or the textbook's without", decimals=4),
-    Exercise("ch04c", 2, "an index 0–3"),
+    Exercise("ch04c", 2, "an index 0–3", derive=True),
     Exercise("ch04c", 3, "a penalty to 4 decimals (or more, correctly rounded)", decimals=4),
-    Exercise("ch04c", 4, "a loss to 4 decimals (or more, correctly rounded)", decimals=4),
+    Exercise("ch04c", 4, "a loss to 4 decimals (or more, correctly rounded)", decimals=4, derive=True),
     Exercise("ch04c", 5, "an integer number of prompts, from the exact binomial tail"),
     Exercise("ch04c", 6, "[an error token's advantage, a normal token's advantage], each to 3 decimals (or more, "
              "correctly rounded)", decimals=3),
     Exercise("ch04c", 7, "ε_high to 3 decimals (or more, correctly rounded)", decimals=3),
-    Exercise("ch05a", 1, "an integer"),
+    Exercise("ch05a", 1, "an integer", derive=True),
     Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),
-    Exercise("ch05a", 3, "an integer number of seeds"),
+    Exercise("ch05a", 3, "an integer number of seeds", derive=True),
     Exercise("ch05a", 4, "the interval's lower end to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch05a", 5, "[CV, cold share]: the CV to 3 decimals (or more, correctly rounded), the share exact",
              decimals=(3, 3)),
     Exercise("ch05b", 1, "k_t to 4 decimals (or more, correctly rounded)", decimals=4),
-    Exercise("ch05b", 2, "nats to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch05b", 2, "nats to 3 decimals (or more, correctly rounded)",
+             decimals=3, derive=True),
     Exercise("ch05b", 3, "a sorted list of row indices", unordered=True),
     Exercise("ch05b", 4, "[KL(π_A‖π_T), KL(π_B‖π_T)] in nats, each to 3 decimals (or more, correctly rounded)",
-             decimals=3),
+             decimals=3, derive=True),
     Exercise("ch05b", 5, "a loss to 4 decimals (or more, correctly rounded)", decimals=4),
     Exercise("ch06", 1, "two budgets to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch06", 2, "a weight to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch06", 3, "a sorted list of token ids", unordered=True),
+    Exercise("ch06", 2, "a weight to 2 decimals (or more, correctly rounded)",
+             decimals=2, derive=True),
+    Exercise("ch06", 3, "a sorted list of token ids", unordered=True, derive=True),
     Exercise("ch06", 4, "a sorted list of token ids", unordered=True),
     Exercise("ch06", 5, "a k3 term to 5 decimals (or more, correctly rounded)", decimals=5),
-    Exercise("ch07", 1, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch07", 1, "a share (a ratio, not a percent) to 3 decimals (or more, correctly rounded)",
+             decimals=3, derive=True),
     Exercise("ch07", 2, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
-    Exercise("ch07", 3, "a weight to 5 decimals (or more, correctly rounded)", decimals=5),
+    Exercise("ch07", 3, "a weight to 5 decimals (or more, correctly rounded)", decimals=5, derive=True),
     Exercise("ch07", 4, "GiB to 2 decimals (or more, correctly rounded)", decimals=2),
     Exercise("ch07", 5, "millions of parameters to 3 decimals (or more, correctly rounded)", decimals=3),
 ]

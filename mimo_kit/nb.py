@@ -54,6 +54,7 @@ def show_source(obj) -> None:
     """Print the source of a kit function or class, so the notebook reads the one copy in ``mimo_kit``."""
     import mimo_kit
 
+    obj = inspect.unwrap(obj)  # a decorated function (a context manager) is labelled with its own file
     path = Path(inspect.getsourcefile(obj)).resolve()
     root = Path(mimo_kit.__file__).resolve().parent.parent
     print(f"# {path.relative_to(root) if root in path.parents else path}")

@@ -8,10 +8,10 @@ def solution(n: int):
     from mimo_kit.model.config import MiMoConfig
     from mimo_kit.model.params import count_parameters
 
-    if n == 1:  # Flash: pre-training tokens (text + multimodal, Report §3) per *active* parameter
-        return round(48e12 / count_parameters(MiMoConfig.preset("flash"))["active"])
-    if n == 2:  # MXFP4 storage per weight: 32 × 4-bit elements + one 8-bit scale per block of 32
-        return (32 * 4 + 8) / 32
+    if n == 1:  # Flash: pre-training tokens (text + multimodal, Report §3) per *total* parameter
+        return round(48e12 / count_parameters(MiMoConfig.preset("flash"))["total"])
+    if n == 2:  # MXFP4's layout with blocks of 16: 16 × 4-bit elements + one 8-bit scale per block
+        return (16 * 4 + 8) / 16
     if n == 3:  # MXFP4 value of 0.7 in a block whose largest magnitude is 3.0
         import torch
 
