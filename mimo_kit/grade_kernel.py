@@ -5,7 +5,9 @@ once and the grader can end any of them). It starts a kernel, sandboxed or not (
 the notebook's code cells one at a time (:func:`run_cells`). A cell gets ``cell_timeout`` seconds; then the kernel
 is interrupted (SIGINT to its process group: a ``KeyboardInterrupt``), and a cell that is still busy
 ``KILL_GRACE`` seconds later (a loop inside a bare ``except``) has its kernel killed with every process that
-carries the run's token (:func:`kill_marked`: forks and ``setsid`` children included). A kernel that dies
+carries the run's token (:func:`kill_marked`: forks and ``setsid`` children included); the worker is its
+descendants' subreaper, so one that also cleared its environment is killed with them (:func:`kill_descendants`).
+A kernel that dies
 (``os._exit``, a segfault, the OOM killer) is noticed within :data:`POLL` seconds. After a kill or a death the
 remaining cells are "not run". Each cell's outcome is appended to the outcomes file as it ends, so the grader,
 which also holds a per-notebook deadline over this whole process, keeps what was done whatever stops it.
@@ -66,6 +68,58 @@ def kill_marked(token: str, rounds: int = 5) -> int:
                 pass
         time.sleep(0.05)
     return killed
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``): a kernel's
+    double-forked child that also clears its environment is then still this worker's descendant, and
+    :func:`kill_descendants` finds it. False where the call is refused."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # 36: PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every living descendant of ``pid`` (from each process's parent in ``/proc/*/stat``)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_descendants(rounds: int = 5) -> None:
+    """SIGKILL every descendant of this process until none is left, reaping them."""
+    for _ in range(rounds):
+        pids = descendants(os.getpid())
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.05)
+        while True:  # reap what was killed (orphans adopted by this subreaper too)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
 
 
 def sandboxed_manager_class():
@@ -152,6 +206,7 @@ def run_cells(spec: dict) -> None:
     except Exception as e:  # noqa: BLE001 - a kernel that does not start is this submission's failure
         _log(outcomes, cell=None, status="no kernel", ename=type(e).__name__, evalue=str(e)[:300])
         kill_marked(spec["token"])
+        kill_descendants()
         return
     stop = None
     try:
@@ -172,6 +227,7 @@ def run_cells(spec: dict) -> None:
         except Exception:  # noqa: BLE001 - a kernel already dead or killed has nothing left to shut down
             pass
         kill_marked(spec["token"])
+        kill_descendants()
         km.cleanup_resources()
 
 
@@ -179,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(argv[0]).read_text())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the finally blocks kill the kernel on the way out
+    become_subreaper()
     run_cells(spec)
     return 0
 

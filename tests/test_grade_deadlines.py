@@ -27,11 +27,14 @@ BAD = {"loop": "while True:\n    pass",
        "except": "while True:\n    try:\n        while True:\n            pass\n    except:  # noqa\n        pass",
        "exit": "import os\nos._exit(1)",
        "fork": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    while True:\n        time.sleep(1)\n"
-               "while True:\n    pass"}
+               "while True:\n    pass",
+       # a double fork that leaves the session and clears its environment: no token marks it
+       "escape": "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+                 "        os.execve('/bin/sleep', ['sleep', '{tag}'], {{}})\n    os._exit(0)"}
 EXERCISES = range(1, 8)
 
 
-def hand_in(path: Path, bad: str | None = None, wrong: bool = False) -> Path:
+def hand_in(path: Path, bad: str | None = None, wrong: bool = False, tag: str = "4242.5") -> Path:
     """The key's derivations with a check per exercise (the key asserts instead); ``bad``: a cell after exercise
     3; ``wrong``: exercises 2 and 5 off by one, exercise 6's second part off by one."""
     cells = []
@@ -47,7 +50,7 @@ def hand_in(path: Path, bad: str | None = None, wrong: bool = False) -> Path:
                   6: "answer_6 = [answer_6[0], answer_6[1] + 1]\n"}.get(n, "") if wrong else ""
         cells.append(nbformat.v4.new_code_cell(f'{change}exercise("ch04c", {n}).check(answer_{n})'))
         if n == 3 and bad:
-            cells.append(nbformat.v4.new_code_cell(BAD[bad]))
+            cells.append(nbformat.v4.new_code_cell(BAD[bad].format(tag=tag) if bad == "escape" else BAD[bad]))
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
     return path
@@ -55,6 +58,13 @@ def hand_in(path: Path, bad: str | None = None, wrong: bool = False) -> Path:
 
 def rows_of(path: Path) -> dict[tuple[str, int], dict]:
     return {(r["student"], int(r["exercise"])): r for r in csv.DictReader(path.open())}
+
+
+def _cmdline(pid: str) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
 
 
 def no_process_left(tokens) -> None:
@@ -70,12 +80,15 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
         pytest.skip("unshare -rn is refused on this machine (no user namespaces)")
     paths = [hand_in(tmp_path / "key" / "ch04c_groupwise_grading.ipynb"),
              hand_in(tmp_path / "wrong" / "ch04c_groupwise_grading.ipynb", wrong=True)]
-    paths += [hand_in(tmp_path / b / "ch04c_groupwise_grading.ipynb", bad=b) for b in BAD]
+    tag = f"4242.{os.getpid()}{int(sandbox)}"  # the escaped sleep's argument: this run's only
+    paths += [hand_in(tmp_path / b / "ch04c_groupwise_grading.ipynb", bad=b, tag=tag) for b in BAD]
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
     start = time.monotonic()
     graded = grade(paths, out, timeout=8, grace=2, sandbox=sandbox, jobs=2, feedback=feedback)
     seconds = time.monotonic() - start
     no_process_left(g.token for g in graded)
+    escaped = [p for p in filter(str.isdigit, os.listdir("/proc")) if _cmdline(p) == ["sleep", tag]]
+    assert escaped == [], "a double-forked child with a cleared environment outlived the grading"
     assert all(g.sandboxed == sandbox for g in graded)
     rows = rows_of(out)
     assert {s for s, _ in rows} == {"key", "wrong", *BAD} and len(rows) == len(paths) * len(EXERCISES)
@@ -86,6 +99,7 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
     # an interrupted loop stops at the interrupt and the notebook goes on
     assert all(verdict["loop", n] == "correct" for n in EXERCISES)
     assert all(verdict["fork", n] == "correct" for n in EXERCISES)
+    assert all(verdict["escape", n] == "correct" for n in EXERCISES)
     # a loop that swallows the interrupt has its kernel killed; a kernel that exits is noticed
     for student, why in (("except", "its kernel was killed"), ("exit", "the kernel died")):
         for n in range(4, 8):
