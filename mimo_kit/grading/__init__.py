@@ -1,5 +1,6 @@
 """Group graders, GRS rubric synthesis and the rollout-group workspace (Report §4.3)."""
 
+from mimo_kit.grading.agreement import AgreementConfig, CheckedGrader, cross_agreement, ranking_tau, self_agreement
 from mimo_kit.grading.group import (
                                     AXES,
                                     GradedTrajectory,
@@ -13,4 +14,5 @@ from mimo_kit.grading.group import (
 from mimo_kit.grading.grs import Rubric, RubricItem, synthesize_rubric
 
 __all__ = ["AXES", "GradedTrajectory", "GraderConfig", "GroupVerdict", "GroupWorkspace", "LLMGroupGrader",
-           "RuleGroupGrader", "tier_factors", "Rubric", "RubricItem", "synthesize_rubric"]
+           "RuleGroupGrader", "tier_factors", "Rubric", "RubricItem", "synthesize_rubric", "AgreementConfig",
+           "CheckedGrader", "cross_agreement", "ranking_tau", "self_agreement"]

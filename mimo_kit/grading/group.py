@@ -78,6 +78,7 @@ class GroupVerdict:
     scores: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     usable: bool = True
     grader: str = "rule"
+    checks: dict[str, float] = dataclasses.field(default_factory=dict)  # agreement measured (grading.agreement)
 
     def tier_of(self, rid: str) -> int | None:
         return next((i for i, tier in enumerate(self.ranking) if rid in tier), None)
@@ -152,23 +153,32 @@ _FALLBACK = [(r"except\s*(Exception|BaseException)?\s*:", "broad or bare except"
              (r"^\s*if\s+isinstance\(", "a type-dispatch fallback"), (r"try\s*:", "a new try block")]
 
 
+def _modal(values) -> list[frozenset]:
+    """The most common values, all of them when several are equally common (so no order of the group decides)."""
+    counts = Counter(values)
+    top = max(counts.values(), default=0)
+    return [v for v, c in counts.items() if c == top]
+
+
 def axis_scores(r: GradedTrajectory, group: GroupWorkspace, passing: list[GradedTrajectory],
                 cfg: GraderConfig) -> tuple[dict, list]:
     """The five axes for one passing rollout, each in [0, 1], with the reasons for every deduction.
 
-    approach: changes the functions most passing rollouts change (the group's modal approach);
+    approach: changes the functions most passing rollouts change (the group's modal approach; when several
+    approaches are equally common, each of them is modal);
     precision: −0.25 per added fallback construct (broad except, pass, hasattr probe, isinstance branch, try);
     minimality: smallest passing diff size / this diff size (changed lines);
-    scope: −0.5 per file outside the group's modal file set, −1 for tests/config (protected paths);
+    scope: −0.5 per file outside the group's modal file set (the files every equally common set shares), −1 for
+    tests/config (protected paths);
     conventions: −0.2 per added line that is too long, has a tab, trailing spaces or a debugging print.
     """
     reasons = []
     funcs = {p.id: frozenset(changed_functions(p.diff, group.repo)) for p in passing}
-    modal = Counter(funcs.values()).most_common(1)[0][0] if funcs else frozenset()
-    approach = 1.0 if funcs.get(r.id) == modal else 0.5
+    modal = _modal(funcs.values())  # never the first one read: the verdict must not depend on the group's order
+    approach = 1.0 if funcs.get(r.id) in modal else 0.5
     if approach < 1:
         reasons.append(f"approach: changes {sorted(funcs.get(r.id, ()))}, most passing rollouts change "
-                       f"{sorted(modal)}")
+                       f"{' or '.join(str(sorted(m)) for m in sorted(modal, key=sorted))}")
     added = added_lines(r.diff)
     hits = [why for line in added for pat, why in _FALLBACK if re.search(pat, line)]
     precision = max(0.0, 1 - 0.25 * len(hits))
@@ -180,7 +190,8 @@ def axis_scores(r: GradedTrajectory, group: GroupWorkspace, passing: list[Graded
     if minimality < 1:
         reasons.append(f"minimality: {size(r.diff)} changed lines, the smallest passing fix has {smallest}")
     files = set(diff_files(r.diff))
-    modal_files = Counter(frozenset(diff_files(p.diff)) for p in passing).most_common(1)[0][0] if passing else set()
+    tied = _modal(frozenset(diff_files(p.diff)) for p in passing)
+    modal_files = frozenset.intersection(*tied) if tied else frozenset()
     outside = sorted(files - set(modal_files))
     protected = [f for f in files if is_protected(f)]
     scope = max(0.0, 1 - 0.5 * len([f for f in outside if f not in protected]) - 1.0 * len(protected))
