@@ -315,6 +315,8 @@ def _verdict_cases():
         "no ranking": {"group_id": "task-17", "hacks": []},
         "tier not a list": {**ok, "ranking": ["b", "a", "d", "c", "e"]},
         "unknown hack": {**ok, "hacks": ["zz"]},
+        # a well-formed ranking its grader marks unusable (no engine, or graders that disagree): not used
+        "marked unusable": {**ok, "usable": False, "reasons": {"*": ["graders disagree (self_tau -1.00)"]}},
     }
 
 

@@ -665,3 +665,29 @@ def test_the_entropy_adjusted_eps_high_clips_what_the_configured_one_leaves():
     assert torch.equal(grad != 0, mask & ~clipped)
     wide, _ = step(0.5)
     assert wide["clip_high"] == share(1) and wide["clip_high_fixed"] == share(2)  # r > 1.5: 2.0 alone
+
+
+def test_gar_with_grader_checks_logs_agreement_and_grader_compute(tmp_path, sft_file):
+    """``grader_checks``: each GAR group is regraded in shuffled orders (Report §4.1); the order-free rule grader
+    agrees with itself, so nothing falls back, and each step logs the grader's seconds and share of the step."""
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, advantage="gar", grader_checks=2, checkpoint_every=0))
+    for h in r["history"]:
+        assert h["grader_disagreements"] == 0 and h["gar_fallbacks"] == 0
+        assert h["grader_seconds"] > 0 and 0 < h["grader_share"] < 1
+    plain = run_rl(tiny(tmp_path / "grpo", sft_file, steps=1, checkpoint_every=0))["history"][0]
+    assert (plain["grader_seconds"], plain["grader_share"], plain["grader_disagreements"]) == (0.0, 0.0, 0)
+
+
+def test_a_grader_that_disagrees_with_itself_falls_back_in_training(tmp_path, sft_file, monkeypatch):
+    """A grader biased by the order it reads the group is caught by the check and GAR falls back for its groups."""
+    from mimo_kit.grading import GroupVerdict, RuleGroupGrader
+
+    def by_position(self, group):
+        return GroupVerdict([[r.id] for r in group.rollouts if r.passed], {}, {})
+
+    monkeypatch.setattr(RuleGroupGrader, "grade", by_position)
+    r = run_rl(tiny(tmp_path, sft_file, steps=2, advantage="gar", grader_checks=2, checkpoint_every=0,
+                    dynamic_sampling=False))
+    gar = sum(h["gar_groups"] for h in r["history"])
+    assert gar > 0 and sum(h["grader_disagreements"] for h in r["history"]) > 0
+    assert all(h["gar_fallbacks"] >= h["grader_disagreements"] for h in r["history"])

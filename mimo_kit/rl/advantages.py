@@ -240,8 +240,9 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
     ``std_correction`` as :func:`grpo_advantages` takes them;  4. f_i from the ranking;
     5. A' = gar_redistribute(A, passed, f) on mixed groups (practical: capped and re-centred).
 
-    An unusable verdict (None, wrong group, unknown/missing/repeated ids, non-finite scores) returns the GRPO
-    advantages of the original (shaped) rewards unchanged, with ``fallback`` saying why.
+    An unusable verdict (None, one its grader marks ``usable=False``, wrong group, unknown/missing/repeated ids,
+    non-finite scores) returns the GRPO advantages of the original (shaped) rewards unchanged, with ``fallback``
+    saying why.
     """
     cfg = cfg or GAR
     r = _vector(rewards, "gar_advantages: rewards")
@@ -257,6 +258,9 @@ def gar_advantages(rewards: Any, passed: Any, ids: Sequence[str], verdict: Any, 
     try:
         if verdict is None:
             raise VerdictError("no verdict")
+        if _get(verdict, "usable", True) is False:  # the grader said so itself (no engine, or graders disagree)
+            reasons = _get(verdict, "reasons", {}) or {}
+            raise VerdictError("; ".join(reasons.get("*", [])) or "the grader marked its verdict unusable")
         vg = _get(verdict, "group_id")
         if group_id is not None and vg is not None and vg != group_id:
             raise VerdictError(f"verdict is for group {vg!r}, not {group_id!r}")

@@ -213,17 +213,33 @@ def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
         seqs = s.sequences
         passed = [bool(q.passed) for q in seqs]
         grader = route(passed, cfg)
+        start = time.perf_counter()
+        verdict = group_verdict(s, cfg, world) if grader == "gar" else None
+        grading_s = time.perf_counter() - start if grader == "gar" else 0.0
         res = sequence_advantages(
             passed,
             rewards=None if grader == "grs" else [float(q.reward) for q in seqs],
             rubric=tuple(map(list, zip(*(world.rubric(q) for q in seqs)))) if grader == "grs" else None,
             lengths=[max(1, generated_tokens(q)) for q in seqs] if cfg.length_penalty else None,
-            gar=grader == "gar", verdict=world.grade_group(s) if grader == "gar" else None,
+            gar=grader == "gar", verdict=verdict,
             ids=[q.sequence_id for q in seqs], math=cfg.math)
         rewards.append(res.rewards.tolist())
         advs.append(res.advantages.tolist())
-        logs.append({"fallback": res.fallback, "lam": res.lam, "grader": grader})
+        checks = getattr(verdict, "checks", None) or {}
+        logs.append({"fallback": res.fallback, "lam": res.lam, "grader": grader, "grading_s": grading_s,
+                     "grader_disagrees": bool(checks) and not verdict.usable})
     return rewards, advs, logs
+
+
+def group_verdict(sample: Sample, cfg: RLConfig, world: Any):
+    """GAR's verdict on one group from the world's group grader; with ``cfg.grader_checks`` the grader also grades
+    the group again in shuffled orders and its verdict is kept only if it agrees with itself (Report §4.1)."""
+    if not cfg.grader_checks:
+        return world.grade_group(sample)
+    from mimo_kit.grading import AgreementConfig, CheckedGrader, RuleGroupGrader
+
+    return world.grade_group(sample, grader=CheckedGrader(RuleGroupGrader(),
+                                                          cfg=AgreementConfig(reorders=cfg.grader_checks)))
 
 
 def route(passed: list[bool], cfg: RLConfig) -> str:

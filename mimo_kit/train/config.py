@@ -92,6 +92,10 @@ class RLConfig(Config):
                                 "cut; the kit reads the task's pass rate off its own group (at 6 of 8 passing, "
                                 "binary GRPO's signal is thin and the rubric separates the passes)",
                                 min=0.0, max=1.0)
+    grader_checks: int = knob(0, "GAR: regradings of each group in shuffled orders before its verdict is used "
+                              "(self-agreement, Report §4.1; mimo_kit.grading.agreement); a grader that disagrees "
+                              "with itself falls back to GRPO's advantages. 0: off (the rule grader is order-free, "
+                              "so the check only costs gradings; it is for graders that can be wrong)", min=0)
     length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
     segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")

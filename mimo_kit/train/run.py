@@ -240,7 +240,10 @@ def shared_world(cfg: RLConfig, d: Dist) -> ToyWorld | RepoWorld:
 
 # ---- the run ----------------------------------------------------------------------------------------------------
 #: the fields of a ``metrics.jsonl`` row that measure wall time: the only ones a resume does not reproduce
-WALL_CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s", "samples_per_s")
+WALL_CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s", "samples_per_s", "grader_seconds",
+              "grader_share")
+#: the timings a step's clock holds
+CLOCK = ("rollout_s", "wait_s", "train_s", "sync_s", "step_s")
 
 
 def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: EntropyClipController,
@@ -248,7 +251,9 @@ def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: En
     """One line of ``metrics.jsonl``: the step's rollouts, collection counts, training metrics and timings.
 
     ``clock``: ``rollout_s`` (the batch's collection, wherever it ran), ``wait_s`` (the learner waiting for
-    rollouts), ``train_s``, ``sync_s`` and ``step_s`` (the learner's wall time for the step)."""
+    rollouts), ``train_s``, ``sync_s`` and ``step_s`` (the learner's wall time for the step). ``grader_share``:
+    the group grader's seconds (GAR's verdicts, their agreement checks included) over the step's: grader compute,
+    the report's third axis (Report §4.1: 12.7% of Pro's RL cost)."""
     row = {"step": step, **rollout_metrics(got.drawn), **lag, **trained}
     row.update(kept_fraction=got.signal / max(len(got.drawn), 1), groups_drawn=len(got.drawn),
                groups_trained=len(got.batch), refill_rounds=got.rounds, infra_dropped=got.dropped,
@@ -256,7 +261,8 @@ def step_row(step: int, got: Collected, lag: dict, trained: dict, controller: En
     n_seq = sum(len(s.sequences) for s in got.drawn)
     row["engines_alive"] = sum(getattr(stream.engine, "alive", [True]))  # a rollout service's engines in service
     buffer = stream.buffer
-    row.update({k: clock[k] for k in WALL_CLOCK[:-1]}, samples_per_s=n_seq / clock["step_s"],
+    row.update({k: clock[k] for k in CLOCK}, samples_per_s=n_seq / clock["step_s"],
+               grader_share=row.get("grader_seconds", 0.0) / clock["step_s"] if clock["step_s"] else 0.0,
                expired=buffer.expired if buffer else 0, aborted=buffer.aborted if buffer else 0)
     return row
 

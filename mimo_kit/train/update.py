@@ -211,6 +211,8 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
     eps_high = controller.eps_high if cfg.entropy_adaptive else cfg.clip.eps_high
     graders = [log.get("grader") for log in gar_logs]  # which grader each trained group went to (Report §4.3)
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
+                           "grader_disagreements": sum(1 for log in gar_logs if log.get("grader_disagrees")),
+                           "grader_seconds": sum(log.get("grading_s", 0.0) for log in gar_logs),
                            "grs_groups": graders.count("grs"), "gar_groups": graders.count("gar"),
                            "grs_share": graders.count("grs") / len(graders) if graders else 0.0, "updates": 0}
     if not samples:

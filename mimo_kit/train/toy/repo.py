@@ -497,15 +497,15 @@ class RepoWorld:
     def grade_workers(self) -> int:
         return self.cfg.tool_workers
 
-    def grade_group(self, sample: Sample):
-        """The rule-based group grader on the group's patches and commands (Report §4.3)."""
+    def grade_group(self, sample: Sample, grader=None):
+        """The rule-based group grader (or ``grader``) on the group's patches and commands (Report §4.3)."""
         from mimo_kit.grading.group import GradedTrajectory, GroupWorkspace, RuleGroupGrader
 
         ws = GroupWorkspace(spec=sample.metadata.get("instruction", ""), repo={},
                             rollouts=[GradedTrajectory(q.sequence_id, q.metadata.get("grade", {}).get("diff", ""),
                                               bool(q.passed), list(q.metadata.get("commands", [])))
                                       for q in sample.sequences])
-        return RuleGroupGrader().grade(ws)
+        return (grader or RuleGroupGrader()).grade(ws)
 
     @staticmethod
     def rubric(seq) -> tuple[float, float]:

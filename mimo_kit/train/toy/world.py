@@ -314,8 +314,8 @@ class ToyWorld:
     def eval_groups(self, n: int, seed: int, samples: int) -> list[tuple[str, list[ToyEpisode]]]:
         return [episodes(t, samples) for t in make_tasks(n, seed=50_000 + seed, prefix="heldout")]
 
-    def grade_group(self, sample: Sample):
-        return grade_group(sample)
+    def grade_group(self, sample: Sample, grader=None):
+        return grade_group(sample, grader)
 
     @staticmethod
     def rubric(seq) -> tuple[float, float]:
