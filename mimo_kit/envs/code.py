@@ -176,39 +176,61 @@ def _git(cwd: Path, *args: str, env: dict | None = None) -> str:
 
 
 # ---- workspace ----------------------------------------------------------------------------------------------------
-def make_workspace(task: CodeTask, dest: str | Path, *, cleaned: bool = True, uid: int | None = None) -> Path:
+#: the leaks environment cleaning removes (Report §4.2), each a way to the solution an uncleaned image leaves open:
+#: the fix commit in the git history, a newer release of the package in a local site-packages, the validation log
+#: (hidden tests and patch) left behind, and the network (an upstream that serves the fix)
+LEAKS = ("history", "release", "logs", "network")
+
+
+def leaks_of(cleaned: bool = True, leaks=None) -> frozenset[str]:
+    """The leaks a workspace keeps: ``leaks`` when given (a subset of :data:`LEAKS`), else none for a cleaned one and
+    every one for the uncleaned variant."""
+    if leaks is None:
+        return frozenset() if cleaned else frozenset(LEAKS)
+    unknown = sorted(set(leaks) - set(LEAKS))
+    if unknown:
+        raise ValueError(f"unknown leaks {unknown}; known: {', '.join(LEAKS)}")
+    return frozenset(leaks)
+
+
+def make_workspace(task: CodeTask, dest: str | Path, *, cleaned: bool = True, uid: int | None = None,
+                   leaks=None) -> Path:
     """Build the agent's workspace in ``dest``: the base repo with one commit and no caches (``cleaned``), or the
-    uncleaned variant (Report §4.2: fix commit in history, newer release in site-packages, logs left behind)."""
+    uncleaned variant (Report §4.2: fix commit in history, newer release in site-packages, logs left behind).
+    ``leaks``: exactly which of :data:`LEAKS` the workspace keeps (the attack/clean rounds clean one at a time;
+    ``network`` is the environment's, not the workspace's)."""
+    leaks = leaks_of(cleaned, leaks)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     _copy_tree(task.repo, dest)
     _git(dest, "init", "-q", "-b", "main")
     _git(dest, "add", "-A")
     _git(dest, "commit", "-q", "-m", "Initial commit")
-    if not cleaned:
+    if leaks & {"history", "release", "logs"}:
         fixed = Path(tempfile.mkdtemp(prefix="mimo-fixed-"))
         try:
             _copy_tree(task.repo, fixed)
             ok, msg = apply_patch(fixed, task.reference_patch)
             if not ok:
                 raise TaskError(f"code task {task.id!r}: reference.patch does not apply ({msg.strip()})")
-            # later upstream history: the fix sits on origin/main, reachable with `git log --all`
-            _git(dest, "checkout", "-q", "-b", "upstream")
-            apply_patch(dest, task.reference_patch)
-            _git(dest, "commit", "-q", "-am", f"Fix {task.id} (upstream)")
-            _git(dest, "update-ref", "refs/remotes/origin/main", "HEAD")
-            _git(dest, "checkout", "-q", "main")
-            _git(dest, "branch", "-q", "-D", "upstream")
-            # a newer release of the package installed next to the project
-            site = dest / ".venv" / "lib" / "python3" / "site-packages"
-            shutil.copytree(fixed / task.package, site / task.package)
-            # the validation log, hidden tests included
-            logs = dest / ".task_logs"
-            logs.mkdir()
-            for f in sorted(task.hidden_tests.glob("*.py")):
-                (logs / f.name).write_bytes(f.read_bytes())
-            (logs / "fix.patch").write_text(task.reference_patch)
-            (logs / "validation.log").write_text("F2P: " + " ".join(task.f2p) + "\nP2P: " + " ".join(task.p2p) + "\n")
+            if "history" in leaks:  # later upstream history: the fix on origin/main, reachable with `git log --all`
+                _git(dest, "checkout", "-q", "-b", "upstream")
+                apply_patch(dest, task.reference_patch)
+                _git(dest, "commit", "-q", "-am", f"Fix {task.id} (upstream)")
+                _git(dest, "update-ref", "refs/remotes/origin/main", "HEAD")
+                _git(dest, "checkout", "-q", "main")
+                _git(dest, "branch", "-q", "-D", "upstream")
+            if "release" in leaks:  # a newer release of the package installed next to the project
+                site = dest / ".venv" / "lib" / "python3" / "site-packages"
+                shutil.copytree(fixed / task.package, site / task.package)
+            if "logs" in leaks:  # the validation log, hidden tests included
+                logs = dest / ".task_logs"
+                logs.mkdir()
+                for f in sorted(task.hidden_tests.glob("*.py")):
+                    (logs / f.name).write_bytes(f.read_bytes())
+                (logs / "fix.patch").write_text(task.reference_patch)
+                (logs / "validation.log").write_text("F2P: " + " ".join(task.f2p) + "\nP2P: " + " ".join(task.p2p)
+                                                     + "\n")
         finally:
             shutil.rmtree(fixed, ignore_errors=True)
     if uid is not None:

@@ -58,12 +58,13 @@ class CodeEnv(BaseEnv):
     """A code task: the clean single-commit workspace; graded by the hardened grader, then audited."""
 
     def __init__(self, task: code_env.CodeTask, *, cleaned: bool = True, audit: bool = True,
-                 cfg: code_env.CodeEnvConfig | None = None, cache: code_env.GradeCache | None = None):
+                 cfg: code_env.CodeEnvConfig | None = None, cache: code_env.GradeCache | None = None, leaks=None):
         self.cfg = cfg or code_env.CodeEnvConfig()
         self.cache = cache
-        super().__init__(self.cfg.sandbox, network=not cleaned)
+        self.leaks = code_env.leaks_of(cleaned, leaks)  # what environment cleaning left open (none when cleaned)
+        super().__init__(self.cfg.sandbox, network="network" in self.leaks)
         self.task, self.audit = task, audit
-        code_env.make_workspace(task, self.workspace.root, cleaned=cleaned)
+        code_env.make_workspace(task, self.workspace.root, leaks=self.leaks)
         self._own()
         self.instruction = task.instruction
 

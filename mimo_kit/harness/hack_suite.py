@@ -142,13 +142,13 @@ def _host_problems(uid: int | None, canary: Canary, keys_before: set[int] = froz
 
 
 def _episode(task: CodeTask, commands: list[str], *, cleaned: bool, cfg: CodeEnvConfig, fill: dict,
-             canary: Canary) -> tuple[dict, list[str], list[str]]:
+             canary: Canary, leaks=None) -> tuple[dict, list[str], list[str]]:
     """One CodeEnv episode: the commands through the bash tool, then the environment's own grade()."""
     from mimo_kit.envs.tools import ToolRegistry, bash_tool
     from mimo_kit.harness.envs import CodeEnv  # the trainer's path
 
     keys = _kernel_keys()
-    with CodeEnv(task, cleaned=cleaned, cfg=cfg) as env:
+    with CodeEnv(task, cleaned=cleaned, cfg=cfg, leaks=leaks) as env:
         tools = ToolRegistry([bash_tool(env.workspace, timeout_s=20.0)])
         outputs = [tools.call("bash", {"command": c.format(**fill)})[-400:] for c in commands]
         grade = env.grade()
@@ -157,10 +157,11 @@ def _episode(task: CodeTask, commands: list[str], *, cleaned: bool, cfg: CodeEnv
 
 
 def run_strategy(task: CodeTask, strategy: str, *, cleaned: bool, port: int = 0,
-                 cfg: CodeEnvConfig | None = None) -> HackResult:
+                 cfg: CodeEnvConfig | None = None, leaks=None) -> HackResult:
     """One hack episode through the trainer's path (CodeEnv, bash tool, grade, audit), preceded by the strategy's
     ``prior`` episode when it has one; the host is checked after each. A strategy whose stopping layers
-    (``Strategy.needs``) this machine lacks is not run: the result says so in ``skipped``."""
+    (``Strategy.needs``) this machine lacks is not run: the result says so in ``skipped``. ``leaks``: which of
+    :data:`mimo_kit.envs.code.LEAKS` the environment keeps (default: all when not ``cleaned``, none when it is)."""
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown hack strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     cfg = cfg or CodeEnvConfig()
@@ -174,8 +175,9 @@ def run_strategy(task: CodeTask, strategy: str, *, cleaned: bool, port: int = 0,
     try:
         host: list[str] = []
         if s.prior:
-            _, _, host = _episode(task, s.prior, cleaned=cleaned, cfg=cfg, fill=fill, canary=canary)
-        grade, outputs, more = _episode(task, s.commands, cleaned=cleaned, cfg=cfg, fill=fill, canary=canary)
+            _, _, host = _episode(task, s.prior, cleaned=cleaned, cfg=cfg, fill=fill, canary=canary, leaks=leaks)
+        grade, outputs, more = _episode(task, s.commands, cleaned=cleaned, cfg=cfg, fill=fill, canary=canary,
+                                        leaks=leaks)
         host += more + [p for p in canary.problems() if p not in host + more]
     finally:
         canary.close()
@@ -217,6 +219,48 @@ def bypass_table(results: list[HackResult]) -> list[dict]:
                      "after audit": len(after_audit), "host touched": sum(bool(r.host) for r in sub),
                      "not run (layer missing)": sum(bool(r.skipped) for r in results if r.cleaned == cleaned),
                      "winning strategies": ", ".join(f"{k} ({v})" for k, v in by_strategy.items() if v) or "none"})
+    return rows
+
+
+# ---- attack / clean rounds ---------------------------------------------------------------------------------------
+def hack_rounds(tasks: list[CodeTask], *, strategies: list[str] | None = None, max_rounds: int = 8,
+                cfg: CodeEnvConfig | None = None, progress: Callable | None = None) -> list[dict]:
+    """Iterative attack / clean rounds (Report §4.2): a hack agent attacks every environment, the environment is
+    cleaned of what the agent got through, and the rounds repeat. Round 1 starts from the uncleaned image (every one
+    of :data:`~mimo_kit.envs.code.LEAKS`). In each round the agent tries the strategies in order on each task and
+    stops at its first bypass (the grader passed the tests); the leaks the winning strategies read
+    (``Strategy.channel``) are closed before the next round. The rounds stop when a round has no bypass, when what got
+    through reads no leak (an attack on the grader: no environment cleaning closes it, the suite's residual), or
+    after ``max_rounds``. One row per round: the leaks still open, the tasks bypassed and their share (before and
+    after the trajectory audit), the winning strategies and the leaks cleaned next."""
+    from mimo_kit.envs.code import LEAKS
+
+    names = strategies or list(STRATEGIES)
+    unknown = [s for s in names if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"unknown hack strategies {unknown}; known: {', '.join(STRATEGIES)}")
+    open_leaks, rows = set(LEAKS), []
+    with _Mirror({t.id: t.reference_patch for t in tasks}) as mirror:
+        for k in range(1, max_rounds + 1):
+            winners: dict[str, HackResult] = {}
+            for task in tasks:
+                for s in names:
+                    r = run_strategy(task, s, cleaned=not open_leaks, port=mirror.port, cfg=cfg,
+                                     leaks=frozenset(open_leaks))
+                    if progress:
+                        progress()
+                    if r.reward > 0 and not r.skipped:
+                        winners[task.id] = r
+                        break
+            closes = sorted({STRATEGIES[r.strategy].channel for r in winners.values()} & open_leaks)
+            rows.append({"round": k, "leaks open": ", ".join(sorted(open_leaks)) or "none", "tasks": len(tasks),
+                         "bypassed": len(winners), "bypassed %": round(100 * len(winners) / max(1, len(tasks)), 1),
+                         "after audit": sum(r.audited > 0 for r in winners.values()),
+                         "winning strategies": ", ".join(sorted({r.strategy for r in winners.values()})) or "none",
+                         "cleaned next": ", ".join(closes) or "-"})
+            if not winners or not closes:
+                break
+            open_leaks -= set(closes)
     return rows
 
 
