@@ -168,6 +168,8 @@ def test_the_trainer_learns_from_harness_episodes_and_saves_them(tmp_path):
     drawn_tokens = sum(len(seg) for s in samples for q in s.sequences for c in q.contexts for seg in c.segments
                        if seg.trainable)
     assert (h["trained_tokens"] > 0) == (h["groups_trained"] > 0) and h["trained_tokens"] <= drawn_tokens
+    flagged = [bool(q.metadata["grade"].get("hack_flags")) for s in samples for q in s.sequences]
+    assert h["audit_flagged"] == pytest.approx(sum(flagged) / len(flagged))  # the audit's share, logged per step
     for s in samples:
         assert s.metadata["harness"] in repo.TRAIN_HARNESSES
         for q in s.sequences:

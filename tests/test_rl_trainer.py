@@ -691,3 +691,18 @@ def test_a_grader_that_disagrees_with_itself_falls_back_in_training(tmp_path, sf
     gar = sum(h["gar_groups"] for h in r["history"])
     assert gar > 0 and sum(h["grader_disagreements"] for h in r["history"]) > 0
     assert all(h["gar_fallbacks"] >= h["grader_disagreements"] for h in r["history"])
+
+
+def test_the_step_logs_the_share_of_trajectories_the_audit_flagged():
+    """Report §4.2: confirmed hacks score 0 in training and their share is logged (``audit_flagged``)."""
+    from mimo_kit.rl.trajectory import Sample, Sequence
+    from mimo_kit.train.run import rollout_metrics
+
+    def seq(i, flags):
+        return Sequence([], f"r{i}", reward=0.0 if flags else 1.0, passed=not flags,
+                        metadata={"grade": {"hack_flags": flags}})
+
+    batch = [Sample("p0", [seq(0, ["mines git history"]), seq(1, [])]), Sample("p1", [seq(2, []), seq(3, [])])]
+    assert rollout_metrics(batch)["audit_flagged"] == 0.25
+    assert rollout_metrics([Sample("p", [Sequence([], "r", reward=1.0, passed=True)])])["audit_flagged"] == 0.0
+    assert rollout_metrics([])["audit_flagged"] == 0.0

@@ -93,12 +93,14 @@ def torch_threads(n: int):
 
 # ---- held-out evaluation ------------------------------------------------------------------------------------------
 def rollout_metrics(samples: list[Sample]) -> dict:
-    """Means over the batch's sequences: reward, pass rate, generated tokens, turns, and the toy world's needless
-    edits and format errors (0 for episodes that do not record them)."""
+    """Means over the batch's sequences: reward, pass rate, generated tokens, turns, the toy world's needless
+    edits and format errors (0 for episodes that do not record them), and ``audit_flagged``: the share the
+    trajectory audit flagged as a hack and scored 0 (Report §4.2 puts it under 2% in training; the toy world has no
+    audit, 0)."""
     seqs = [q for s in samples for q in s.sequences]
     if not seqs:
         return {"reward": 0.0, "pass_rate": 0.0, "gen_tokens": 0.0, "turns": 0.0, "needless_rate": 0.0,
-                "format_errors": 0.0}
+                "format_errors": 0.0, "audit_flagged": 0.0}
     passed = [q for q in seqs if q.passed]
     return {"reward": statistics.mean(q.reward for q in seqs),
             "pass_rate": statistics.mean(bool(q.passed) for q in seqs),
@@ -106,7 +108,8 @@ def rollout_metrics(samples: list[Sample]) -> dict:
             "turns": statistics.mean(q.metadata.get("turns", 0) for q in seqs),
             "needless_rate": (statistics.mean(q.metadata.get("needless_edits", 0) > 0 for q in passed)
                               if passed else 0.0),
-            "format_errors": statistics.mean(q.metadata.get("format_errors", 0) for q in seqs)}
+            "format_errors": statistics.mean(q.metadata.get("format_errors", 0) for q in seqs),
+            "audit_flagged": statistics.mean(bool((q.metadata.get("grade") or {}).get("hack_flags")) for q in seqs)}
 
 
 def evaluate(engine: InProcessEngine, cfg: RLConfig, world: Any, seed_offset: int = 0) -> dict:
