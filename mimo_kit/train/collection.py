@@ -37,6 +37,7 @@ from mimo_kit.rl.sampling import dynamic_sampling, prompts_to_draw
 from mimo_kit.rl.trajectory import Sample
 from mimo_kit.train.config import RLConfig
 from mimo_kit.train.toy import pooled
+from mimo_kit.train.toy.rubrics import written_scores
 
 
 # ---- one step's rollouts: over-sampling and refill (Report §4.1) ----------------------------------------------
@@ -209,37 +210,67 @@ def group_advantages(samples: list[Sample], cfg: RLConfig, world: Any
     (:mod:`mimo_kit.rl.compose`: reward or GRS → hacks → length penalty → GRPO → GAR). ``world`` grades the groups
     (GAR's verdict, GRS's rubric): the run's world, passed in, never built here."""
     rewards, advs, logs = [], [], []
-    for s in samples:
+    routes = [route([bool(q.passed) for q in s.sequences], cfg) for s in samples]
+    gar = [s for s, r in zip(samples, routes) if r == "gar"]
+    learned = getattr(world, "group_grader", None)
+    tokens0 = learned.stats["prompt_tokens"] + learned.stats["gen_tokens"] if learned is not None else 0
+    start = time.perf_counter()
+    verdicts = iter(grade_groups(gar, cfg, world))  # every GAR group of the batch in one call (one engine batch)
+    grading_s = (time.perf_counter() - start) / max(1, len(gar))
+    grading_tok = ((learned.stats["prompt_tokens"] + learned.stats["gen_tokens"] - tokens0) / max(1, len(gar))
+                   if learned is not None else 0.0)
+    for s, grader in zip(samples, routes):
         seqs = s.sequences
         passed = [bool(q.passed) for q in seqs]
-        grader = route(passed, cfg)
-        start = time.perf_counter()
-        verdict = group_verdict(s, cfg, world) if grader == "gar" else None
-        grading_s = time.perf_counter() - start if grader == "gar" else 0.0
+        verdict = next(verdicts) if grader == "gar" else None
+        rubric = None
+        if grader == "grs":  # the task's rubric: written for it from this group (Report §4.3.1), or the fixed one
+            scores = written_scores(s) if cfg.rubrics == "written" else [world.rubric(q) for q in seqs]
+            rubric = tuple(map(list, zip(*scores)))
         res = sequence_advantages(
             passed,
             rewards=None if grader == "grs" else [float(q.reward) for q in seqs],
-            rubric=tuple(map(list, zip(*(world.rubric(q) for q in seqs)))) if grader == "grs" else None,
+            rubric=rubric,
             lengths=[max(1, generated_tokens(q)) for q in seqs] if cfg.length_penalty else None,
             gar=grader == "gar", verdict=verdict,
             ids=[q.sequence_id for q in seqs], math=cfg.math)
         rewards.append(res.rewards.tolist())
         advs.append(res.advantages.tolist())
         checks = getattr(verdict, "checks", None) or {}
-        logs.append({"fallback": res.fallback, "lam": res.lam, "grader": grader, "grading_s": grading_s,
-                     "grader_disagrees": bool(checks) and not verdict.usable})
+        logs.append({"fallback": res.fallback, "lam": res.lam, "grader": grader,
+                     "grading_s": grading_s if grader == "gar" else 0.0,
+                     "grading_tokens": grading_tok if grader == "gar" else 0.0,
+                     "grader_disagrees": bool(checks) and not verdict.usable,
+                     "grader_unusable": verdict is not None and not verdict.usable,
+                     "rubric_written": grader == "grs" and cfg.rubrics == "written",
+                     "verdict": verdict_text(verdict) if verdict is not None else None})
     return rewards, advs, logs
 
 
-def group_verdict(sample: Sample, cfg: RLConfig, world: Any):
-    """GAR's verdict on one group from the world's group grader; with ``cfg.grader_checks`` the grader also grades
-    the group again in shuffled orders and its verdict is kept only if it agrees with itself (Report §4.1)."""
-    if not cfg.grader_checks:
-        return world.grade_group(sample)
-    from mimo_kit.grading import AgreementConfig, CheckedGrader, RuleGroupGrader
+def verdict_text(verdict) -> str:
+    """A verdict in one line for the metrics: tiers best first (``a=b>c``), hacks after ``|``, ``unusable``."""
+    if not verdict.usable:
+        return "unusable"
+    text = ">".join("=".join(tier) for tier in verdict.ranking)
+    return text + ("|hacks:" + ",".join(sorted(verdict.hacks)) if verdict.hacks else "")
 
-    return world.grade_group(sample, grader=CheckedGrader(RuleGroupGrader(),
-                                                          cfg=AgreementConfig(reorders=cfg.grader_checks)))
+
+def grade_groups(samples: list[Sample], cfg: RLConfig, world: Any) -> list:
+    """GAR's verdicts on the groups from the run's group grader (the learned one when the world holds it, else the
+    rule one). With ``cfg.grader_checks`` the grader also grades each group again in shuffled orders, and with
+    ``cfg.grader_cross`` the rule grader grades it too; a verdict is kept only where they agree (Report §4.1)."""
+    if not samples:
+        return []
+    grader = getattr(world, "group_grader", None)
+    if cfg.grader_checks or cfg.grader_cross:
+        from mimo_kit.grading import AgreementConfig, CheckedGrader, RuleGroupGrader
+
+        checked = CheckedGrader(grader or RuleGroupGrader(), second=RuleGroupGrader() if cfg.grader_cross else None,
+                                cfg=AgreementConfig(reorders=cfg.grader_checks))
+        return [world.grade_group(s, grader=checked) for s in samples]
+    if grader is not None:
+        return world.grade_groups(samples, grader)
+    return [world.grade_group(s) for s in samples]
 
 
 def route(passed: list[bool], cfg: RLConfig) -> str:

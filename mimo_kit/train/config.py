@@ -26,6 +26,7 @@ from mimo_kit.rl.config import (
     SegmentPenaltyConfig,
 )
 from mimo_kit.speculative.refresh import DrafterRefreshConfig
+from mimo_kit.train.learned_grader import LearnedGraderConfig
 from mimo_kit.train.sft import PolicyConfig, SFTConfig
 from mimo_kit.train.student import StudentConfig, check_student_run
 from mimo_kit.train.toy.repo import RepoWorld, RepoWorldConfig
@@ -96,6 +97,15 @@ class RLConfig(Config):
                               "(self-agreement, Report §4.1; mimo_kit.grading.agreement); a grader that disagrees "
                               "with itself falls back to GRPO's advantages. 0: off (the rule grader is order-free, "
                               "so the check only costs gradings; it is for graders that can be wrong)", min=0)
+    grader: str = knob("rule", "GAR's group grader: 'rule' (the five axes read off the diffs, mimo_kit.grading) or "
+                       "'learned' (the SFT-trained grader policy, mimo_kit.train.learned_grader: reads the "
+                       "trajectories' actions, runs a targeted test, answers marks on the five axes; toy world)")
+    learned_grader: LearnedGraderConfig = knob(default_factory=LearnedGraderConfig,
+                                               why="the learned grader's model, SFT budget, tool calls and votes")
+    grader_cross: bool = knob(False, "GAR: the rule grader grades each group too and a verdict is kept only where "
+                              "the two agree (cross-grader agreement, Report §4.1); with grader='learned'")
+    rubrics: str = knob("fixed", "GRS's rubric: 'fixed' (the world's one rubric, ToyWorld.rubric) or 'written' (a "
+                        "rubric written for each group's task from its spec and rollouts, Report §4.3.1; toy world)")
     length_penalty: bool = knob(False, "group-relative length penalty on successes (Report §4.3), generated tokens")
     segment_penalty: bool = knob(False, "segment-level penalty on malformed-action tokens (Report §4.3)")
     loss_agg: str = knob("prompt-mean", "Report §5: prompt-mean (published); token-mean / seq-mean for ablations")
@@ -243,6 +253,24 @@ class RLConfig(Config):
                               "checkpoint_every=0 (no resume) or use world='toy' for resumable partial rollouts")
         if self.advantage not in ADVANTAGES:
             raise ConfigError(f"RLConfig.advantage={self.advantage!r}; expected one of {ADVANTAGES}")
+        if self.grader not in ("rule", "learned"):
+            raise ConfigError(f"RLConfig.grader={self.grader!r}; expected 'rule' or 'learned'")
+        if self.rubrics not in ("fixed", "written"):
+            raise ConfigError(f"RLConfig.rubrics={self.rubrics!r}; expected 'fixed' or 'written'")
+        if (self.grader == "learned" or self.rubrics == "written") and self.world != "toy":
+            raise ConfigError(f"RLConfig.grader={self.grader!r}, rubrics={self.rubrics!r} with world={self.world!r}: "
+                              "the learned grader and the rubric writer read toy-world groups (action logs of "
+                              "one-line programs); the repo world's patches need a grader model beyond toy scale. "
+                              "Use world='toy' (--preset toy), or grader='rule' and rubrics='fixed'")
+        if self.grader == "learned" and self.advantage not in ("gar", "routed"):
+            raise ConfigError(f"RLConfig.grader='learned' with advantage={self.advantage!r}: the grader ranks GAR's "
+                              "groups; set advantage='gar' or 'routed'")
+        if self.grader_cross and self.grader != "learned":
+            raise ConfigError("RLConfig.grader_cross=true with grader='rule': the second grader is the rule one, so "
+                              "the check needs grader='learned'")
+        if self.rubrics == "written" and self.advantage not in ("grs", "routed"):
+            raise ConfigError(f"RLConfig.rubrics='written' with advantage={self.advantage!r}: rubrics score GRS's "
+                              "groups; set advantage='grs' or 'routed'")
         if self.entropy_adaptive and not self.off_policy:
             raise ConfigError("RLConfig.entropy_adaptive=true with minibatches=1, epochs=1, staleness=0, "
                               "async_steps=false and rollout_mxfp4=false: every token is trained by the policy that "

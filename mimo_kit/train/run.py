@@ -377,6 +377,10 @@ def run_rl(cfg: RLConfig) -> dict:
     with torch_threads(cfg.threads), contextlib.ExitStack() as stack:
         stop = stack.enter_context(StopRequest(out, d))  # a stop request, asked at the end of every step
         world = shared_world(cfg, d)
+        if cfg.grader == "learned" and d.is_main:  # GAR's grader policy, SFT-trained once (Report §4.3.2)
+            from mimo_kit.train.learned_grader import load_or_train
+
+            world.group_grader = load_or_train(cfg.learned_grader, out / "grader.pt", progress=cfg.progress)
         model, opt, sft_losses, state = build_learner(cfg, out, world, d)
         engine = make_engine(model, cfg, world, d)  # rank 0's; None on the other ranks
         sync_weights(engine, model, 0, cfg)

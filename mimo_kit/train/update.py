@@ -213,6 +213,10 @@ def train_step(model, opt, samples: list[Sample] | list[Manifest], cfg: RLConfig
     out: dict[str, Any] = {"gar_fallbacks": sum(1 for log in gar_logs if log["fallback"]), "eps_high": eps_high,
                            "grader_disagreements": sum(1 for log in gar_logs if log.get("grader_disagrees")),
                            "grader_seconds": sum(log.get("grading_s", 0.0) for log in gar_logs),
+                           "grader_tokens": sum(log.get("grading_tokens", 0.0) for log in gar_logs),
+                           "grader_unusable": sum(1 for log in gar_logs if log.get("grader_unusable")),
+                           "rubrics_written": sum(1 for log in gar_logs if log.get("rubric_written")),
+                           "grader_verdicts": [log["verdict"] for log in gar_logs if log.get("verdict")],
                            "grs_groups": graders.count("grs"), "gar_groups": graders.count("gar"),
                            "grs_share": graders.count("grs") / len(graders) if graders else 0.0, "updates": 0}
     if not samples:

@@ -274,14 +274,25 @@ def play(engine: Any, tasks: list[Task], group_size: int, *, temperature: float 
     return rollout.play(engine, [episodes(t, group_size) for t in tasks], settings)
 
 
+def toy_workspace(task: Task, rollouts: list[GradedTrajectory]) -> GroupWorkspace:
+    """A toy group's shared workspace (Report §4.3): the spec, ``prog.txt`` and the hidden tests' expected program
+    (what a grader's test run compares against)."""
+    return GroupWorkspace(spec="fix the failing line of prog.txt",
+                          repo={"prog.txt": "\n".join(task.buggy) + "\n",
+                                "tests/expected.txt": "\n".join(task.reference) + "\n"}, rollouts=rollouts)
+
+
+def workspace(sample: Sample) -> GroupWorkspace:
+    """The shared workspace of one played group: every trajectory's patch, test verdict and actions."""
+    task = Task(**sample.metadata["task"])
+    return toy_workspace(task, [GradedTrajectory(s.sequence_id, s.metadata["diff"], bool(s.passed),
+                                                 list(s.metadata["actions"])) for s in sample.sequences])
+
+
 def grade_group(sample: Sample, grader: RuleGroupGrader | None = None):
-    """The rule-based group grader's verdict on one group (Report §4.3): passes ranked on the five axes."""
-    grader = grader or RuleGroupGrader()
-    t = sample.metadata["task"]
-    ws = GroupWorkspace(spec="fix the failing line of prog.txt", repo={"prog.txt": "\n".join(t["buggy"]) + "\n"},
-                        rollouts=[GradedTrajectory(s.sequence_id, s.metadata["diff"], bool(s.passed),
-                                          list(s.metadata["actions"])) for s in sample.sequences])
-    return grader.grade(ws)
+    """A group grader's verdict on one group (Report §4.3), the rule-based one by default: passes ranked on the
+    five axes."""
+    return (grader or RuleGroupGrader()).grade(workspace(sample))
 
 
 # ---- the world as the trainer sees it ---------------------------------------------------------------------------
@@ -296,6 +307,7 @@ class ToyWorld:
 
     def __init__(self, max_turns: int = 8):
         self.max_turns = max_turns
+        self.group_grader = None  # GAR's grader when the run sets one (the learned grader); None: the rule one
 
     def tasks(self, n: int, seed: int, prefix: str) -> list[Task]:
         return make_tasks(n, seed, prefix=prefix)
@@ -315,7 +327,12 @@ class ToyWorld:
         return [episodes(t, samples) for t in make_tasks(n, seed=50_000 + seed, prefix="heldout")]
 
     def grade_group(self, sample: Sample, grader=None):
-        return grade_group(sample, grader)
+        return grade_group(sample, grader or self.group_grader)
+
+    def grade_groups(self, samples: list[Sample], grader) -> list:
+        """Verdicts on several groups at once: a grader with ``grade_many`` (the learned one) batches them."""
+        wss = [workspace(s) for s in samples]
+        return grader.grade_many(wss) if hasattr(grader, "grade_many") else [grader.grade(w) for w in wss]
 
     @staticmethod
     def rubric(seq) -> tuple[float, float]:
