@@ -126,7 +126,8 @@ def removed_lines(diff: str) -> list[str]:
 
 
 def changed_functions(diff: str, repo: dict[str, str]) -> set[str]:
-    """Names of the functions whose lines a diff touches (by hunk line ranges in the old file)."""
+    """Names of the functions whose lines a diff touches: each removed line by its line number in the old file, each
+    added line by the old line it follows (a line added right after a ``def`` block's last line belongs to it)."""
     out: set[str] = set()
     for block in re.split(r"^diff --git ", diff, flags=re.M)[1:]:
         path = block.split()[0][2:]
@@ -139,12 +140,21 @@ def changed_functions(diff: str, repo: dict[str, str]) -> set[str]:
             continue
         spans = [(n.lineno, n.end_lineno or n.lineno, n.name) for n in ast.walk(tree)
                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-        for m in re.finditer(r"^@@ -(\d+)(?:,(\d+))?", block, re.M):
-            start, length = int(m.group(1)), int(m.group(2) or 1)
-            lo, hi = start + 3, max(start + 3, start + length - 4)  # skip the 3 lines of context each side
-            for a, b, name in spans:
-                if a <= hi and lo <= b:
-                    out.add(name)
+        touched: set[int] = set()
+        for hunk in re.split(r"^(?=@@ )", block, flags=re.M)[1:]:
+            m = re.match(r"@@ -(\d+)(?:,(\d+))?", hunk)
+            if m is None:
+                continue
+            line = int(m.group(1)) - (1 if m.group(2) == "0" else 0)  # an empty old range names the line before
+            for text in hunk.splitlines()[1:]:
+                if text.startswith("-"):
+                    touched.add(line)
+                    line += 1
+                elif text.startswith("+"):
+                    touched.add(max(line - 1, 1))
+                elif text.startswith(" ") or text == "":
+                    line += 1
+        out |= {name for a, b, name in spans if any(a <= ln <= b for ln in touched)}
     return out
 
 

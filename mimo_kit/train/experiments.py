@@ -519,4 +519,18 @@ def consistency(cfg: ConsistencyConfig) -> dict:
 
 
 # ---- MOPD²: multi-teacher on-policy distillation (Report §5) --------------------------------------------------------
-from mimo_kit.train import mopd_experiment  # noqa: E402,F401  (registers ``mopd2``)
+from mimo_kit.train import grader_experiment, mopd_experiment  # noqa: E402,F401  (register grader-compute, mopd2)
+
+
+@experiment("rl-grader", CompareConfig, chapter="ch05a",
+            publishes=(Publication("rl/rl_grader_{preset}.json"),
+                       Publication("rl/rl_grader_{preset}.md", grader_experiment.rl_grader_table),
+                       Publication("rl/rl_grader_{preset}.png", grader_experiment.rl_grader_figure)))
+def rl_grader(cfg: CompareConfig) -> dict:
+    """Binary vs GAR with the rule grader vs GAR with the learned grader (Report §4.3.2), and per seed the learned
+    arm's cost shares per step (:func:`mimo_kit.train.grader_experiment.cost_shares`)."""
+    res = _result(compare(cfg, grader_experiment.ARMS, "rl_grader"))
+    res["cost_shares"] = {r["seed"]: grader_experiment.cost_shares(r["history"])
+                          for r in res["arms"]["gar-learned"]["runs"]}
+    res["report_shares"] = grader_experiment.REPORT_SHARES
+    return res

@@ -337,6 +337,14 @@ def expert_replies(task: RepoTask, harness: HarnessConfig, style: str, rng: rand
     return out
 
 
+def expert_agents(task: RepoTask, harness: str, styles: Sequence[str], seed: int) -> list[tuple[str, ScriptedPolicy]]:
+    """The scripted expert as the coding agent of task validation (Report §4.2, :mod:`mimo_kit.harness.task_audit`):
+    one attempt per style, each a policy that replies with :func:`expert_replies` in ``harness``'s format."""
+    rng = random.Random(seed)
+    h = get_harness(harness)
+    return [(f"expert-{style}", ScriptedPolicy(expert_replies(task, h, style, rng))) for style in styles]
+
+
 def expert_samples(tasks: Sequence[RepoTask], harnesses: Sequence[str], seed: int, tokenizer: Any,
                    mix: tuple[float, float, float] = (0.5, 0.2, 0.3), *, grade: bool = False,
                    task_dir: str = "", workers: int = 2) -> list[Sample]:
