@@ -1165,6 +1165,47 @@ assert exercise("ch04c", 7).accepts(answer_7)
 assert exercise("ch04c", 7).accepts(eps)  # unrounded
 assert not exercise("ch04c", 7).accepts(round(free, 3))  # the floor forgotten
 assert not exercise("ch04c", 7).accepts(round(fixed, 3))  # a fixed target'''),
+    Key(8, r"""
+The learned grader answers `V0c,1ms,2f,3h,4,5pc` for a group of six trajectories. GAR ranks the passes in tiers by
+the number of axes each meets, equal counts tied. Which trajectories share the last tier? (a sorted list of
+trajectory ids, integers)""", r"""
+Read the entries: `2f` failed (not ranked), `3h` is a confirmed hack (reward 0, not ranked). The passes lose
+`c` (0), `m` and `s` (1), nothing (4), `p` and `c` (5), so they meet 4, 3, 5 and 3 of the five axes. Tiers, best
+first: [4], [0], [1, 5]; the last tier is **[1, 5]**. Equal counts share a tier: breaking the tie by id (the
+last one alone, [5]) is another ranking than GAR reads.""",
+        '''
+verdict = "V0c,1ms,2f,3h,4,5pc"
+entries = {int(e[0]): e[1:] for e in verdict[1:].split(",")}
+met = {i: 5 - len(m) for i, m in entries.items() if m not in ("f", "h")}
+worst = min(met.values())
+answer_8 = sorted(i for i, k in met.items() if k == worst)
+print("axes met:", met, "-> last tier", answer_8)''',
+        '''
+assert exercise("ch04c", 8).accepts(answer_8)
+assert not exercise("ch04c", 8).accepts([max(answer_8)])  # a tie broken by id: the last trajectory alone
+assert not exercise("ch04c", 8).accepts([i for i, k in met.items() if k == max(met.values())])  # the best tier'''),
+    Key(9, r"""
+Two gradings of one group rank its four passes in tiers, best first: A = [[a], [b, c], [d]] and
+B = [[a, b], [c], [d]]. What is Kendall τ-b between them? (3 decimals, correctly rounded)""", r"""
+As tier indices, A gives (a, b, c, d) = (0, 1, 1, 2) and B gives (0, 0, 1, 2). Of the 6 pairs: (a, c), (a, d),
+(b, d), (c, d) are concordant (n_c = 4), none discordant, (b, c) is tied in A only and (a, b) in B only. With
+n₀ = 6, n₁ = 1 tie pair in A and n₂ = 1 in B:
+$\tau_b = \frac{n_c - n_d}{\sqrt{(n_0 - n_1)(n_0 - n_2)}} = \frac{4}{\sqrt{5 \cdot 5}} =$ **0.800**.
+τ-a, which ignores the ties, gives 4 / 6 = 0.667.""",
+        '''
+from itertools import combinations
+
+A, B = (0, 1, 1, 2), (0, 0, 1, 2)
+pairs = list(combinations(range(4), 2))
+sign = lambda x: (x > 0) - (x < 0)  # noqa: E731
+conc = sum(sign(A[i] - A[j]) * sign(B[i] - B[j]) for i, j in pairs)
+tied_a = sum(A[i] == A[j] for i, j in pairs)
+tied_b = sum(B[i] == B[j] for i, j in pairs)
+answer_9 = round(conc / ((len(pairs) - tied_a) * (len(pairs) - tied_b)) ** 0.5, 3)
+print("n_c - n_d =", conc, " ties:", tied_a, tied_b, " tau-b", answer_9, " tau-a", round(conc / len(pairs), 3))''',
+        '''
+assert exercise("ch04c", 9).accepts(answer_9)
+assert not exercise("ch04c", 9).accepts(round(conc / len(pairs), 3))  # tau-a'''),
 ])
 
 CH05A = Chapter("ch05a_rl_experiments", "ch05a", "Chapter 5a · The report's RL experiments", SETUP + '''

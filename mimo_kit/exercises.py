@@ -379,6 +379,8 @@ _ALL = [
     Exercise("ch04c", 6, "[an error token's advantage, a normal token's advantage], each to 3 decimals (or more, "
              "correctly rounded)", decimals=3),
     Exercise("ch04c", 7, "ε_high to 3 decimals (or more, correctly rounded)", decimals=3),
+    Exercise("ch04c", 8, "a sorted list of trajectory ids (integers)", derive=True),
+    Exercise("ch04c", 9, "τ-b to 3 decimals (or more, correctly rounded)", decimals=3),
     Exercise("ch05a", 1, "an integer", derive=True),
     Exercise("ch05a", 2, 'a string like "2:+5" (surrounding whitespace is ignored)',
              normalise=_stripped),

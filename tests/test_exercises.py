@@ -77,6 +77,16 @@ def test_textbook_answers_the_notebooks_once_rejected_pass():
     assert not exercise("ch01", 3).accepts("python train.py")
 
 
+def test_the_grading_chapter_s_verdict_and_agreement_answers_by_hand():
+    """ch04c 8: V0c,1ms,2f,3h,4,5pc → axes met 0: 4, 1: 3, 4: 5, 5: 3 (2 fails, 3 a hack): tiers [4], [0], [1, 5].
+    ch04c 9: tier indices a..d are (0, 1, 1, 2) and (0, 0, 1, 2): of the 6 pairs 4 concordant, 0 discordant, one tied
+    in A only (b, c), one in B only (a, b): τ-b = 4 / sqrt(5 · 5) = 0.8."""
+    assert exercise("ch04c", 8).accepts([1, 5]) and exercise("ch04c", 8).accepts({1, 5}) is False
+    assert not exercise("ch04c", 8).accepts([4]) and not exercise("ch04c", 8).accepts([1, 3, 5])
+    assert exercise("ch04c", 9).accepts(0.8) and exercise("ch04c", 9).accepts(4 / 5)
+    assert not exercise("ch04c", 9).accepts(4 / 6)  # τ-a, ties not accounted for
+
+
 def test_check_prints_the_form_and_a_verdict(capsys):
     ex = exercise("ch02a", 3)
     assert ex.check(None) is None and ex.check(ex.reference()) is True and ex.check(-1) is False
@@ -89,7 +99,7 @@ def test_unknown_exercises_are_named():
         exercise("ch02a", 9)
     with pytest.raises(KeyError, match="chapters: ch01"):
         exercise("ch99", 1)
-    assert [e.number for e in chapter_exercises("ch04c")] == [1, 2, 3, 4, 5, 6, 7]
+    assert [e.number for e in chapter_exercises("ch04c")] == [1, 2, 3, 4, 5, 6, 7, 8, 9]
 
 
 def test_match_compares_structure_and_tolerance():

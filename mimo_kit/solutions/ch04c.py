@@ -45,7 +45,17 @@ def solution(n: int):
     if n == 7:  # ε_high after batches of mean entropy 2.5, 2.35, 1.55, 1.3 nats, the default ClipConfig
         ctl = EntropyClipController.from_config(ClipConfig())
         return [ctl.update(h) for h in (2.5, 2.35, 1.55, 1.3)][-1]
-    raise ValueError(f"chapter 4c has exercises 1-7, not {n!r}")
+    if n == 8:  # the learned grader's verdict V0c,1ms,2f,3h,4,5pc: the ids in GAR's last tier
+        from mimo_kit.train.toy.grader_world import parse_verdict, verdict_of
+
+        marks = parse_verdict("V0c,1ms,2f,3h,4,5pc", [0, 1, 3, 4, 5], 6)
+        return sorted(int(r) for r in verdict_of({str(i): m for i, m in marks.items()}, "learned").ranking[-1])
+    if n == 9:  # Kendall τ-b between the tiers [[a], [b, c], [d]] and [[a, b], [c], [d]]
+        from mimo_kit.grading import GroupVerdict, ranking_tau
+
+        return ranking_tau(GroupVerdict([["a"], ["b", "c"], ["d"]], {}, {}), GroupVerdict([["a", "b"], ["c"], ["d"]],
+                                                                                         {}, {}))
+    raise ValueError(f"chapter 4c has exercises 1-9, not {n!r}")
 
 
 def alternatives(n: int) -> list:
