@@ -124,6 +124,8 @@ def test_learned_grader_and_rubric_writer_are_refused_where_they_cannot_act():
         RLConfig.preset("toy", advantage="gar", grader_cross=True)
     with pytest.raises(ConfigError, match="rubrics='written'"):
         RLConfig.preset("toy", advantage="gar", rubrics="written")
+    with pytest.raises(ConfigError, match="at most 10"):
+        RLConfig.preset("toy", advantage="gar", grader="learned", group_size=12)
     with pytest.raises(ConfigError, match="grader='lerned'"):
         RLConfig.preset("toy", advantage="gar", grader="lerned")
 

@@ -265,6 +265,10 @@ class RLConfig(Config):
         if self.grader == "learned" and self.advantage not in ("gar", "routed"):
             raise ConfigError(f"RLConfig.grader='learned' with advantage={self.advantage!r}: the grader ranks GAR's "
                               "groups; set advantage='gar' or 'routed'")
+        if self.grader == "learned" and self.group_size > 10:
+            raise ConfigError(f"RLConfig.grader='learned' with group_size={self.group_size}: the grader names each "
+                              "trajectory of a group by one digit, so it grades groups of at most 10; set "
+                              "group_size <= 10 or grader='rule'")
         if self.grader_cross and self.grader != "learned":
             raise ConfigError("RLConfig.grader_cross=true with grader='rule': the second grader is the rule one, so "
                               "the check needs grader='learned'")

@@ -533,4 +533,30 @@ def rl_grader(cfg: CompareConfig) -> dict:
     res["cost_shares"] = {r["seed"]: grader_experiment.cost_shares(r["history"])
                           for r in res["arms"]["gar-learned"]["runs"]}
     res["report_shares"] = grader_experiment.REPORT_SHARES
+    res["claims"] = rl_grader_claims(res)
     return res
+
+
+#: rl-grader's claims: (scalar, the arm the report favours, the other, what it says, minimum-effect kind); the
+#: difference favoured − other is flipped for "lower is better" scalars so that > 0 is the report's direction.
+RL_GRADER_CLAIMS = (("late_needless_rate", "gar-learned", "binary", "a lower late needless-edit rate",
+                     "needless_rate"),
+                    ("late_needless_rate", "gar-learned", "gar-rule", "a lower late needless-edit rate",
+                     "needless_rate"),
+                    ("late_turns", "gar-learned", "binary", "fewer late turns", "turns"),
+                    ("length_growth", "gar-learned", "binary", "less growth of the generated length", "tokens"),
+                    ("heldout_pass_rate_rl", "gar-learned", "binary", "a higher held-out pass rate after RL", "pass"))
+
+
+def rl_grader_claims(res: dict) -> list[str]:
+    """Each of :data:`RL_GRADER_CLAIMS` judged by the paired rule on the per-seed differences."""
+    from mimo_kit.claims import judge_paired
+
+    lines = []
+    for key, favoured, other, what, kind in RL_GRADER_CLAIMS:
+        d = paired(res, key, favoured, other)
+        d = d if key.startswith("heldout_pass") else [-x for x in d]  # lower is the report's direction
+        j = judge_paired(d, **min_effect(kind))
+        lines.append(f"{j.verdict}: {what} with {favoured} than with {other}; {versus(res, key, favoured, other)}; "
+                     f"{j.text()}")
+    return lines

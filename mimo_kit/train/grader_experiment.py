@@ -204,8 +204,10 @@ def rl_grader_table(res: dict) -> str:
     shares = {ax: spread([statistics.fmean(s[ax]) for s in res["cost_shares"].values()]) for ax in REPORT_SHARES}
     share_rows = "\n".join(f"| {ax} | {mean_sd(shares[ax], decimals=1)} | {REPORT_SHARES[ax]} |"
                            for ax in REPORT_SHARES)
+    claims = "\n".join(f"- {line}" for line in res.get("claims", []))
     return (head + "\n".join(rows) + "\n\n## Cost shares of the learned arm's steps (percent of wall time)\n\n"
-            "| axis | kit (mean over steps, ± sd over seeds) | report (Pro) |\n|---|---|---|\n" + share_rows + "\n")
+            "| axis | kit (mean over steps, ± sd over seeds) | report (Pro) |\n|---|---|---|\n" + share_rows +
+            "\n\n## Claim check (the paired rule, 5 seeds)\n\n" + claims + "\n")
 
 
 def rl_grader_figure(res: dict) -> bytes:

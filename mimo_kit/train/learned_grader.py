@@ -56,9 +56,11 @@ class LearnedGraderConfig(Config):
                              "seeds)", min=1)
     tool_calls: int = knob(1, "targeted test runs allowed per grading (0: the grader must guess the failing line "
                            "from the patches)", min=0, max=1)
-    votes: int = knob(1, "gradings per group, marks voted per trajectory; 1: one greedy grading", min=1)
+    votes: int = knob(1, "gradings per group, marks voted per trajectory; 1: one greedy grading (a resumed run grades "
+                      "alike; sampled votes draw from a stream the checkpoint does not carry)", min=1)
     temperature: float = knob(0.7, "sampling temperature of the voted gradings (one grading is greedy)", min=0.0)
-    max_verdict_tokens: int = knob(64, "the longest verdict: V and 8 trajectories × (id, five marks, comma)", min=8)
+    max_verdict_tokens: int = knob(72, "the longest verdict and its newline: V and 10 trajectories × (id, five marks, "
+                                   "comma)", min=8)
     seed: int = knob(0, "init, SFT batches and the grading engine's sampling stream")
 
     PRESETS = {"tiny": {}}
