@@ -289,6 +289,19 @@ def heatmap(matrix, *, title: str = "", xlabel: str = "", ylabel: str = "", cmap
     return ax
 
 
+def png_bytes(fig, dpi: int | None = 110) -> bytes:
+    """The figure as PNG bytes (a published figure's file content; ``dpi`` None: matplotlib's setting); the figure
+    is closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", **({"dpi": dpi} if dpi else {}))
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def fig_dir() -> Path | None:
     """Where figures are saved: ``MIMO_KIT_FIG_DIR``, or ``runs/figures`` when running headless, else None."""
     if os.environ.get("MIMO_KIT_FIG_DIR"):

@@ -82,7 +82,6 @@ def distill_sft(cfg: DistillSFTConfig) -> dict:
 
 def _rl_figure(result: dict) -> bytes:
     """Held-out pass@1 per domain: base, SFT, SFT + RL (bars: mean; dots: seeds)."""
-    import io
 
     import matplotlib
 
@@ -101,10 +100,9 @@ def _rl_figure(result: dict) -> bytes:
     ax.set_title(f"The distilled student per domain ({len(result['seeds'])} RL seeds)")
     ax.legend(frameon=False, fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    from mimo_kit.viz import png_bytes
+
+    return png_bytes(fig, dpi=None)
 
 
 @experiment("distill-rl", DistillRLConfig, chapter="ch07",

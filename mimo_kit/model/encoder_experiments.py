@@ -29,7 +29,6 @@ l = 0..levels on the fit clips and on held-out clips.
 from __future__ import annotations
 
 import dataclasses
-import io
 import time
 from typing import Literal
 
@@ -313,7 +312,6 @@ def vit_windows_figure(res: dict, axes=None):
 
 
 def _png(draw, res: dict) -> bytes:
-    import matplotlib.pyplot as plt
 
     from mimo_kit import viz
 
@@ -321,10 +319,9 @@ def _png(draw, res: dict) -> bytes:
     out = draw(res)
     fig = (out[0] if hasattr(out, "__len__") else out).figure
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
-    return buf.getvalue()
+    from mimo_kit.viz import png_bytes
+
+    return png_bytes(fig, dpi=100)
 
 
 @experiment("vit-windows", ViTWindowsConfig, chapter="ch02c",

@@ -22,7 +22,6 @@ beside the report's 43.8 / 43.5 / 12.7 (Pro's RL cost).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import statistics
 from typing import Any
@@ -163,10 +162,9 @@ def compute_figure(res: dict) -> bytes:
     axes[1].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"Grader compute vs accuracy ({len(res['seeds'])} seeds)", fontsize=10)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from mimo_kit.viz import png_bytes
+
+    return png_bytes(fig, dpi=110)
 
 
 experiment("grader-compute", GraderComputeConfig, chapter="ch05a",
@@ -236,7 +234,6 @@ def rl_grader_figure(res: dict) -> bytes:
     bx.set_xticks([0], ["report (Pro)"])
     bx.set_ylim(0, 100)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from mimo_kit.viz import png_bytes
+
+    return png_bytes(fig, dpi=110)

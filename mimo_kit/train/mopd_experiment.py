@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import shutil
 import time
 from pathlib import Path
@@ -204,10 +203,9 @@ def figure(res: dict) -> bytes:
     ax.set_title(f"MOPD² on the toy world ({len(res['seeds'])} seeds; whiskers: min–max)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return buf.getvalue()
+    from mimo_kit.viz import png_bytes
+
+    return png_bytes(fig, dpi=110)
 
 
 experiment("mopd2", MOPD2Config, chapter="ch05b",

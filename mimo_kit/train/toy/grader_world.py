@@ -36,7 +36,7 @@ from mimo_kit.envs.hacks import detect_hacks
 from mimo_kit.grading.group import AXES, GroupVerdict, GroupWorkspace
 from mimo_kit.infra.rollout import Outcome, RolloutSettings, Turn
 from mimo_kit.rl.trajectory import Segment
-from mimo_kit.train.toy.world import OPS, Task, ToyEpisode, equivalent, make_tasks, toy_workspace
+from mimo_kit.train.toy.world import OPS, Task, ToyEpisode, ToyTokenizer, equivalent, make_tasks, toy_workspace
 
 PAD = "\x00"
 GRADER_CHARS = PAD + "\n0123456789+-*:RESAHVxgpf,amsch"
@@ -45,24 +45,7 @@ LETTERS = dict(zip("apmsc", AXES))
 HACK_COMMAND = "cat .task_logs/expected.txt"  # what a synthetic hack runs: the audit flags it (reads hidden logs)
 
 
-class GraderTokenizer:
-    """Char-level tokenizer of the grader's world; id 0 pads, ``\\n`` ends an action."""
-
-    def __init__(self) -> None:
-        self.vocab = {c: i for i, c in enumerate(GRADER_CHARS)}
-        self.vocab_size, self.pad_id, self.stop_id = len(GRADER_CHARS), 0, self.vocab["\n"]
-
-    def encode(self, text: str) -> list[int]:
-        bad = sorted({c for c in text if c not in self.vocab or c == PAD})
-        if bad:
-            raise ValueError(f"GraderTokenizer.encode: characters {bad!r} are not in {GRADER_CHARS[1:]!r}")
-        return [self.vocab[c] for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(GRADER_CHARS[i] if 0 < i < len(GRADER_CHARS) else "?" for i in ids)
-
-
-GRADER_TOKENIZER = GraderTokenizer()
+GRADER_TOKENIZER = ToyTokenizer(GRADER_CHARS, "the grader's vocabulary")
 
 
 # ---- one trajectory: what it did, and its marks ------------------------------------------------------------------

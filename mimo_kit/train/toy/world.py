@@ -55,21 +55,23 @@ TEST_INPUTS = range(10)
 
 
 class ToyTokenizer:
-    """Char-level tokenizer of the toy world: id 0 is padding, ``\\n`` ends every action (the stop token)."""
+    """Char-level tokenizer of the toy world (or of another char set: the grader's world has its own): id 0 is
+    padding, ``\\n`` ends every action (the stop token)."""
 
-    def __init__(self) -> None:
-        self.vocab = {c: i for i, c in enumerate(CHARS)}
-        self.vocab_size = len(CHARS)
+    def __init__(self, chars: str = CHARS, name: str = "the toy vocabulary") -> None:
+        self.chars, self.name = chars, name
+        self.vocab = {c: i for i, c in enumerate(chars)}
+        self.vocab_size = len(chars)
         self.pad_id, self.stop_id = 0, self.vocab["\n"]
 
     def encode(self, text: str) -> list[int]:
         bad = sorted({c for c in text if c not in self.vocab or c == PAD})
         if bad:
-            raise ValueError(f"ToyTokenizer.encode: characters {bad!r} are not in the toy vocabulary {CHARS[1:]!r}")
+            raise ValueError(f"ToyTokenizer.encode: characters {bad!r} are not in {self.name} {self.chars[1:]!r}")
         return [self.vocab[c] for c in text]
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(CHARS[i] if 0 < i < len(CHARS) else "?" for i in ids)
+        return "".join(self.chars[i] if 0 < i < len(self.chars) else "?" for i in ids)
 
 
 TOKENIZER = ToyTokenizer()
