@@ -167,7 +167,7 @@ def compute_figure(res: dict) -> bytes:
     return png_bytes(fig, dpi=110)
 
 
-experiment("grader-compute", GraderComputeConfig, chapter="ch05a",
+experiment("grader-compute", GraderComputeConfig, chapter="ch04c",
            publishes=(Publication("grading/grader_compute_{preset}.json",
                                   lambda r: json.dumps({**r, "claim": claim_check(r)}, indent=1) + "\n"),
                       Publication("grading/grader_compute_{preset}.md", compute_table),
