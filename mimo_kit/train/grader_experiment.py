@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import statistics
 from typing import Any
 
@@ -66,6 +67,14 @@ def budget_name(steps: int, tools: int, votes: int) -> str:
     return f"sft{steps}-tools{tools}-votes{votes}"
 
 
+def budget_of(name: str) -> tuple[int, int, int]:
+    """``"sft1000-tools1-votes5"`` → (1000, 1, 5): SFT steps, tool calls, votes."""
+    m = re.fullmatch(r"sft(\d+)-tools(\d+)-votes(\d+)", name)
+    if m is None:
+        raise ValueError(f"budget {name!r}: expected sft<steps>-tools<calls>-votes<n>")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
 def grader_compute(cfg: GraderComputeConfig) -> dict[str, Any]:
     """Agreement with the known verdicts against the grader's budget, per seed and over seeds (module docstring)."""
     from mimo_kit.grading import RuleGroupGrader
@@ -104,12 +113,12 @@ def grader_compute(cfg: GraderComputeConfig) -> dict[str, Any]:
 
 
 def claim_check(res: dict) -> dict[str, Any]:
-    """On rule-blind groups, does the learned grader at the largest budget agree with the known ranking more than
-    the rule grader? Per-seed differences τ_learned − τ_rule (the rule grader is deterministic: one τ for every
-    seed), judged by the paired rule."""
+    """On rule-blind groups, does the learned grader at the largest budget (most SFT steps, then tool calls, then
+    votes) agree with the known ranking more than the rule grader? Per-seed differences τ_learned − τ_rule (the
+    rule grader is deterministic: one τ for every seed), judged by the paired rule."""
     from mimo_kit.claims import judge_paired
 
-    best = max(res["budgets"], key=lambda b: (res["budgets"][b]["summary"]["tokens_per_group"]["mean"], b))
+    best = max(res["budgets"], key=budget_of)  # the most SFT steps, then tool calls, then votes
     top = max(res["budgets"], key=lambda b: res["budgets"][b]["summary"]["rule_blind_tau"]["mean"])
     rule = res["rule"]["rule_blind"]["tau"]
     diffs = {r["seed"]: r["rule_blind"]["tau"] - rule for r in res["budgets"][best]["runs"]}
@@ -148,7 +157,7 @@ def compute_figure(res: dict) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, s in zip(axes, SETS):
         for name, b in res["budgets"].items():
             t, x = b["summary"][f"{s}_tau"], b["summary"]["tokens_per_group"]["mean"]
@@ -159,9 +168,10 @@ def compute_figure(res: dict) -> bytes:
         ax.set_xlabel("grader tokens per group")
         ax.set_title(f"{s.replace('_', '-')} groups", fontsize=10)
     axes[0].set_ylabel("Kendall τ-b with the known ranking")
-    axes[1].legend(fontsize=7, loc="lower right")
-    fig.suptitle(f"Grader compute vs accuracy ({len(res['seeds'])} seeds)", fontsize=10)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=7, loc="center right", title="budget", title_fontsize=7)
+    fig.suptitle(f"Grader compute vs accuracy ({len(res['seeds'])} seeds; whiskers: min–max)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 0.8, 1))
     from mimo_kit.viz import png_bytes
 
     return png_bytes(fig, dpi=110)
