@@ -101,7 +101,7 @@ def test_an_sft_trained_grader_writes_the_verdicts_it_was_taught(tmp_path):
     model, losses = train_grader(cfg)
     assert losses[-1] < 0.05 * losses[0]
     grader = LearnedGroupGrader(model, cfg)
-    groups = known_groups(6, 70_000 + cfg.seed)  # the SFT groups
+    groups = known_groups(6, 70_000 + cfg.seed, repeat=cfg.train_repeat)  # the SFT groups
     got = agreement(grader, groups)
     assert got["usable"] == 1.0 and got["marks_exact"] >= 0.8 and got["tau"] >= 0.8
     assert grader.stats["gradings"] == 6 and grader.stats["gen_tokens"] > 6 and grader.stats["seconds"] > 0

@@ -54,6 +54,9 @@ class LearnedGraderConfig(Config):
                           why="1,000 steps of 32 known-answer groups (about two minutes on 2 cores): held-out τ ~0.8")
     train_groups: int = knob(2000, "known-answer groups the grader is SFT-trained on (held-out groups use other "
                              "seeds)", min=1)
+    train_repeat: float = knob(0.5, "share of the SFT groups built like a trained policy's (1–3 distinct "
+                               "trajectories, repeated): a grader trained on varied groups only misread 60% of the "
+                               "toy RL run's groups (ids among identical lines)", min=0.0, max=1.0)
     tool_calls: int = knob(1, "targeted test runs allowed per grading (0: the grader must guess the failing line "
                            "from the patches)", min=0, max=1)
     votes: int = knob(1, "gradings per group, marks voted per trajectory; 1: one greedy grading (a resumed run grades "
@@ -129,7 +132,7 @@ class LearnedGroupGrader:
 
 def train_grader(cfg: LearnedGraderConfig, progress: bool = False, live=None) -> tuple[torch.nn.Module, list[float]]:
     """SFT of the grader policy on known-answer groups (seeds 70_000 + seed; held-out groups use other seeds)."""
-    groups = known_groups(cfg.train_groups, 70_000 + cfg.seed)
+    groups = known_groups(cfg.train_groups, 70_000 + cfg.seed, repeat=cfg.train_repeat)
     data = [expert_trace(g, cfg.tool_calls) for g in groups]
     model = build_policy(cfg.model, cfg.seed, vocab_size=GRADER_TOKENIZER.vocab_size)
     losses = sft_warm_start(model, cfg.sft, cfg.seed, progress=progress, data=data, live=live)

@@ -252,9 +252,12 @@ def task_of(ws: GroupWorkspace) -> Task:
 
 
 def known_groups(n: int, seed: int, *, sizes: tuple[int, ...] = (4, 6, 8), fail: float = 0.2, hack: float = 0.08,
-                 deficit: float = 0.3, rule_blind: bool = False, prefix: str = "grader") -> list[KnownGroup]:
+                 deficit: float = 0.3, rule_blind: bool = False, repeat: float = 0.0,
+                 prefix: str = "grader") -> list[KnownGroup]:
     """``n`` groups with known verdicts over tasks of seed ``seed`` (disjoint seeds give held-out groups); each
-    has at least two passing, non-hack trajectories so there is a ranking to agree on."""
+    has at least two passing, non-hack trajectories so there is a ranking to agree on. With probability ``repeat``
+    a group is built the way a trained policy's groups look: 1–3 distinct trajectories, each repeated (a grader
+    that only saw varied groups loses track of which line is which among identical ones)."""
     rng = random.Random(seed)
     out: list[KnownGroup] = []
     tasks = make_tasks(4 * n + 8, seed=seed, prefix=prefix)
@@ -262,8 +265,13 @@ def known_groups(n: int, seed: int, *, sizes: tuple[int, ...] = (4, 6, 8), fail:
         if len(out) == n:
             break
         size = rng.choice(sizes)
-        acts = [known_trajectory(task, rng, fail=fail, hack=hack, deficit=deficit, rule_blind=rule_blind)
-                for _ in range(size)]
+        draw = lambda t=task: known_trajectory(t, rng, fail=fail, hack=hack, deficit=deficit,  # noqa: E731
+                                               rule_blind=rule_blind)
+        if rng.random() < repeat:
+            distinct = [draw() for _ in range(rng.randint(1, 3))]
+            acts = [list(rng.choice(distinct)) for _ in range(size)]
+        else:
+            acts = [draw() for _ in range(size)]
         played = [replay(task, a) for a in acts]
         if sum(p.passed and not p.hack for p in played) >= 2:
             out.append(KnownGroup(task, acts, played))
