@@ -31,7 +31,7 @@ BAD = {"loop": "while True:\n    pass",
        # a double fork that leaves the session and clears its environment: no token marks it
        "escape": "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
                  "        os.execve('/bin/sleep', ['sleep', '{tag}'], {{}})\n    os._exit(0)"}
-EXERCISES = range(1, 8)
+EXERCISES = range(1, 10)
 
 
 def hand_in(path: Path, bad: str | None = None, wrong: bool = False, tag: str = "4242.5") -> Path:
@@ -100,7 +100,7 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
     assert all(verdict["escape", n] == "correct" for n in EXERCISES)
     # a loop that swallows the interrupt has its kernel killed; a kernel that exits is noticed
     for student, why in (("except", "its kernel was killed"), ("exit", "the kernel died")):
-        for n in range(4, 8):
+        for n in range(4, EXERCISES.stop):
             assert verdict[student, n] == "not run" and why in rows[student, n]["error"], rows[student, n]
     bad_cell = [g for g in graded if g.student == "except"][0].errors
     assert any("ignored the interrupt" in e for e in bad_cell), bad_cell
@@ -109,7 +109,7 @@ def test_a_class_with_hanging_and_dying_kernels_is_graded(tmp_path, sandbox):
     assert "binomial" in rows["wrong", 5]["explanation"]  # the registry knows this near miss
     assert verdict["wrong", 6] == "partial" and float(rows["wrong", 6]["points"]) == 0.5
     assert "1 of 2 parts right" in rows["wrong", 6]["explanation"]
-    assert sum(float(r["points"]) for (s, _), r in rows.items() if s == "wrong") == 4.5
+    assert sum(float(r["points"]) for (s, _), r in rows.items() if s == "wrong") == len(EXERCISES) - 2.5
     page = (feedback / "wrong.html").read_text()
     assert "partial" in page and "1 of 2 parts right" in page and (feedback / "except.html").is_file()
     assert not any("deadline and was stopped" in e for g in graded for e in g.errors)  # cell deadlines sufficed
