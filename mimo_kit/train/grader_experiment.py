@@ -213,6 +213,12 @@ def rl_grader_table(res: dict) -> str:
     share_rows = "\n".join(f"| {ax} | {mean_sd(shares[ax], decimals=1)} | {REPORT_SHARES[ax]} |"
                            for ax in REPORT_SHARES)
     claims = "\n".join(f"- {line}" for line in res.get("claims", []))
+    learned = res["arms"].get("gar-learned", {}).get("runs", [])
+    unusable = spread([sum(h.get("grader_unusable", 0) for h in r["history"]) /
+                       max(1, sum(h.get("gar_groups", 0) for h in r["history"])) for r in learned])
+    if learned:
+        rows.append(f"\nThe learned grader's verdicts that did not parse (GAR fell back to GRPO for the group): "
+                    f"{mean_sd(unusable, decimals=3)} of its GAR groups.")
     return (head + "\n".join(rows) + "\n\n## Cost shares of the learned arm's steps (percent of wall time)\n\n"
             "| axis | kit (mean over steps, ± sd over seeds) | report (Pro) |\n|---|---|---|\n" + share_rows +
             "\n\n## Claim check (the paired rule, 5 seeds)\n\n" + claims + "\n")
@@ -236,7 +242,7 @@ def rl_grader_figure(res: dict) -> bytes:
     ax.set_xlabel("RL step")
     ax.set_ylabel("% of step wall time")
     ax.set_title(f"kit, GAR with the learned grader ({len(per_seed)} seeds)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     b = 0.0
     for axis in ("rollout", "training", "grader"):
         bx.bar([0], [REPORT_SHARES[axis]], bottom=[b])
