@@ -115,6 +115,15 @@ def test_verdict_of_marks_orders_tiers_and_keeps_hacks_out():
     assert ranking_tau(v, verdict_of({"a": "", "b": "msc", "d": "p", "e": "a"}, "x")) == pytest.approx(1.0)
 
 
+def test_every_preset_that_nests_the_grader_keeps_its_sft_budget():
+    """A nested config is built from its class's preset: the RL run's and the comparisons' grader is the default."""
+    from mimo_kit.train.experiments import CompareConfig
+
+    assert LearnedGraderConfig.preset("tiny") == LearnedGraderConfig()
+    for cfg in (RLConfig.preset("tiny"), RLConfig.preset("toy"), CompareConfig.preset("tiny").base):
+        assert cfg.learned_grader == LearnedGraderConfig(), cfg.learned_grader.sft
+
+
 def test_learned_grader_and_rubric_writer_are_refused_where_they_cannot_act():
     with pytest.raises(ConfigError, match="toy-world groups"):
         RLConfig.preset("tiny", advantage="gar", grader="learned")

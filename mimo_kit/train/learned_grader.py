@@ -66,7 +66,8 @@ class LearnedGraderConfig(Config):
                                    "comma)", min=8)
     seed: int = knob(0, "init, SFT batches and the grading engine's sampling stream")
 
-    PRESETS = {"tiny": {}}
+    # a nested preset is built from the class's own preset, not from this field's default: restate the SFT budget
+    PRESETS = {"tiny": {"sft": {"steps": 1000, "lr": 3e-3}}}
 
 
 class LearnedGroupGrader:
