@@ -55,8 +55,8 @@ class LearnedGraderConfig(Config):
     train_groups: int = knob(2000, "known-answer groups the grader is SFT-trained on (held-out groups use other "
                              "seeds)", min=1)
     train_repeat: float = knob(0.5, "share of the SFT groups built like a trained policy's (1–3 distinct "
-                               "trajectories, repeated), the way the toy RL run's groups look; the grader still "
-                               "misreads about half of those (data/rl/rl_grader_tiny.md)", min=0.0, max=1.0)
+                               "trajectories, repeated): the toy RL run's groups look like that, a converged policy "
+                               "repeats itself", min=0.0, max=1.0)
     tool_calls: int = knob(1, "targeted test runs allowed per grading (0: the grader must guess the failing line "
                            "from the patches)", min=0, max=1)
     votes: int = knob(1, "gradings per group, marks voted per trajectory; 1: one greedy grading (a resumed run grades "
