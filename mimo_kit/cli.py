@@ -72,7 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "finished": None}
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(out / "config.yaml")
+        # written aside, then renamed: under torchrun the other ranks may be reading this very file (--config)
+        tmp = out / f".config.yaml.{os.getpid()}"
+        cfg.to_yaml(tmp)
+        os.replace(tmp, out / "config.yaml")
         (out / "run.json").write_text(json.dumps(meta, indent=1) + "\n")
         print(f"{exp.name} ({exp.chapter}): {exp.summary}\nconfig → {out / 'config.yaml'}")
     try:
