@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo_kit.config import ConfigError
-from mimo_kit.model import MiMoConfig, MiMoForCausalLM, count_parameters, generate, load_metrics
+from mimo_kit.model import MiMoConfig, MiMoForCausalLM, count_parameters, generate, load_metrics, moe
 from mimo_kit.model.attention import global_attention, sink_attention, sliding_window_attention
 from mimo_kit.model.generate import truncate_logits
 from mimo_kit.model.moe import Experts, grouped_matmul
@@ -98,6 +98,26 @@ def test_grouped_matmul_equals_per_expert_products(hidden, out):
     w = randn(4, out, hidden, seed=2)
     ref = torch.cat([xs[a:b] @ w[e].T for e, (a, b) in enumerate(zip([0, 3, 3, 8], [3, 3, 8, 9]))])
     torch.testing.assert_close(grouped_matmul(xs, w, counts), ref)
+
+
+def test_grouped_matmul_backward_equals_the_per_expert_loop(monkeypatch):
+    """The grouped kernel (one ``torch._grouped_mm`` for all experts, forward and backward) against the per-expert
+    loop: products and gradients of both operands equal, and the grouped call really ran."""
+    counts = torch.tensor([3, 0, 5, 1, 7])
+    xs = randn(16, 16, seed=3).requires_grad_()
+    w = randn(5, 32, 16, seed=4).requires_grad_()
+    calls = []
+    real = torch._grouped_mm
+    monkeypatch.setattr(torch, "_grouped_mm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    grouped = grouped_matmul(xs, w, counts)
+    assert calls, "the grouped kernel did not run"
+    monkeypatch.setattr(moe, "GROUPED_MM_MIN_ROWS_PER_EXPERT", 10**9)  # force the loop
+    looped = grouped_matmul(xs, w, counts)
+    torch.testing.assert_close(grouped, looped, atol=1e-5, rtol=1e-5)
+    up = randn(16, 32, seed=5)
+    grads = [torch.autograd.grad((y * up).sum(), [xs, w]) for y in (grouped, looped)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_experts_equal_a_per_token_reference():

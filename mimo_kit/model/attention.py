@@ -12,11 +12,25 @@
   ``C + W − 1`` keys its band can reach, so scores are ``[T, C + W − 1]`` instead of ``[T, T]``.
 - GA uses ``torch.nn.functional.scaled_dot_product_attention`` (a fused CPU/GPU kernel, no T×T matrix in memory
   on backends that support it).
+
+Two kernels compute the same layer (``MiMoConfig.attention_kernel``):
+
+- ``"eager"``, the reference: SDPA for GA, the blocked SWA above, the sink as an extra softmax column.
+- ``"flex"``: ``torch.nn.attention.flex_attention`` for both layer types, compiled on CUDA. The window is a block
+  mask (tiles outside the band are never visited), GA the causal block mask. The sink cannot be a column of a
+  fused kernel, so it enters after it through the kernel's log-sum-exp ℓ_i = log Σ_j e^{a_ij}:
+
+  .. math:: o_i^{\\text{sink}} = \\frac{\\sum_j e^{a_{ij}} v_j}{e^{\\ell_i} + e^{s_h}}
+            = o_i \\cdot \\sigma(\\ell_i - s_h)
+
+  which is differentiable in ℓ, hence in q, k and s_h.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +38,8 @@ from torch import nn
 
 from mimo_kit.model.cache import LayerCache
 from mimo_kit.model.config import SLIDING, MiMoConfig
+
+ATTENTION_KERNELS = ("eager", "flex")
 
 
 # ---- rotary embedding ---------------------------------------------------------------------------------------------
@@ -123,6 +139,71 @@ def global_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_past: 
     return out[..., :Dv].reshape(B, KV, G, L, Dv)
 
 
+# ---- FlexAttention -------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=64)
+def flex_block_mask(L: int, S: int, n_past: int, window: int | None, device: str):
+    """The block mask of L queries at positions n_past … n_past + L − 1 over S = n_past + L keys (key j at position
+    j): causal, and with a ``window`` only the ``window`` most recent keys, the query's own included. Built once per
+    shape (building it evaluates the mask on every tile)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + n_past
+
+    def sliding(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx + n_past) & (q_idx + n_past - kv_idx < window)
+
+    return create_block_mask(causal if window is None else sliding, None, None, L, S, device=device)
+
+
+_FLEX_COMPILED = None
+
+
+def _flex_kernel(device: torch.device):
+    """``flex_attention`` as it runs fast: compiled on CUDA (its Triton kernel), eager elsewhere (the CPU's
+    compiled kernel returns no log-sum-exp; eager runs the same maths densely, for tests and small shapes)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    global _FLEX_COMPILED
+    if device.type != "cuda":
+        return _eager_flex
+    if _FLEX_COMPILED is None:
+        _FLEX_COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _FLEX_COMPILED
+
+
+def _eager_flex(*args, **kwargs):
+    """Uncompiled ``flex_attention``, without its once-per-process advice to compile (off CUDA, eager is meant)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+        return flex_attention(*args, **kwargs)
+
+
+def flex_sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_past: int, window: int | None,
+                        sinks: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """GA (``window=None``) or SWA attention of the L new queries on FlexAttention, sinks through the log-sum-exp.
+
+    q [B, KV, G, L, D]; k/v [B, KV, n_past + L, ·] (the keys in position order); sinks [KV, G] or None.
+    o = flex(q, k, v) ⊙ σ(ℓ − s_h) (module docstring). Returns [B, KV, G, L, Dv]."""
+    from torch.nn.attention.flex_attention import AuxRequest
+
+    B, KV, G, L, D = q.shape
+    S = k.shape[2]
+    mask = flex_block_mask(L, S, n_past, window, str(q.device))
+    kernel = _flex_kernel(q.device)
+    qh = q.reshape(B, KV * G, L, D)
+    if sinks is None:
+        out = kernel(qh, k, v, block_mask=mask, scale=scale, enable_gqa=G > 1)
+    else:
+        out, aux = kernel(qh, k, v, block_mask=mask, scale=scale, enable_gqa=G > 1,
+                          return_aux=AuxRequest(lse=True))  # out [B, H, L, Dv], lse [B, H, L] (natural log)
+        keep = torch.sigmoid(aux.lse.float() - sinks.reshape(1, KV * G, 1).float())  # e^ℓ / (e^ℓ + e^s)
+        out = out * keep[..., None].to(out.dtype)
+    return out.reshape(B, KV, G, L, -1)
+
+
 # ---- the module -------------------------------------------------------------------------------------------------
 class MiMoAttention(nn.Module):
     """One attention layer, GA or SWA by ``cfg.layer_types[layer_idx]``; parameter names as transformers'."""
@@ -135,6 +216,7 @@ class MiMoAttention(nn.Module):
         self.num_kv_heads = cfg.swa_num_key_value_heads if self.is_swa else cfg.num_key_value_heads
         self.head_dim, self.v_head_dim = cfg.head_dim, cfg.v_head_dim
         self.window = cfg.sliding_window if self.is_swa else None
+        self.kernel = cfg.attention_kernel
         self.scale = cfg.head_dim ** -0.5
         self.v_scale = cfg.attention_value_scale
         H, KV = self.num_heads, self.num_kv_heads
@@ -171,7 +253,12 @@ class MiMoAttention(nn.Module):
                     n_past = past_k.shape[2]
                     keys, values = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
                 cache.append(k, v)
-            if self.is_swa:
+            if self.kernel == "flex":
+                if q.device.type == "cpu" and torch.is_grad_enabled() and q.requires_grad:
+                    raise RuntimeError("attention_kernel='flex': torch's FlexAttention has no backward on the CPU; "
+                                       "train there with attention_kernel='eager' (the same maths)")
+                out = flex_sink_attention(q, keys, values, n_past, self.window, sinks, self.scale)
+            elif self.is_swa:
                 out = sliding_window_attention(q, keys, values, n_past, self.window, sinks, self.scale)
             else:
                 out = global_attention(q, keys, values, n_past, self.scale)

@@ -16,7 +16,7 @@ window of 128 previous tokens is ``sliding_window = 129``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Literal
 
 from mimo_kit.config.base import Config, ConfigError, knob
 
@@ -50,6 +50,8 @@ class MiMoConfig(Config):
     routed_scaling_factor: float = knob(1.0, "transformers' default; the checkpoint stores null = 1.0", min=0.0)
     tie_word_embeddings: bool = knob(False, "Report §2 backbone keeps a separate LM head")
     initializer_range: float = knob(0.02, "std of the normal init, as transformers", min=0.0)
+    attention_kernel: Literal["eager", "flex"] = knob(
+        "eager", "eager: SDPA + blocked SWA, the reference; flex: FlexAttention, for CUDA (no CPU backward)")
 
     PRESETS = {
         "tiny": {},
