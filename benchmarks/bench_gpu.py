@@ -1,6 +1,6 @@
 """GPU benchmark: the chip's bf16 matmul rate, then a training step and a prefill of the kit decoder, with MFU.
 
-    python benchmarks/bench_gpu.py --device cuda --shape issue --out benchmarks/RESULTS_gpu.md   # one H200: 1-2 min
+    python benchmarks/bench_gpu.py --device cuda --shape issue --out benchmarks/RESULTS_gpu.md   # one H200: 2-3 min
     python benchmarks/bench_gpu.py --device cpu --shape tiny --out /tmp/gpu_smoke.md             # CPU smoke: ~30 s
 
 Sub-benchmarks, in order (each one's failure, e.g. an OOM, is a row of the table, never the end of the script):
@@ -11,9 +11,17 @@ Sub-benchmarks, in order (each one's failure, e.g. an OOM, is a row of the table
    backward, grad clip, AdamW step on fp32 master weights (the pre-training loop's ``build_optimizer``).
 3. **prefill**: forward without grad of ``prefill_tokens`` tokens, weights in bf16 (router fp32), logits of the last
    position only, as a server prefills.
-4. **kit vs transformers**: prefill of ``compare_tokens`` tokens by the kit and by transformers'
+4. **memory copy** and **decode**: the bandwidth a copy reaches, then one batch-1 decode step at
+   ``decode_context`` cached tokens (bf16), the eager static-cache step and the compiled one (a CUDA graph on
+   CUDA), against the HBM bound: the bytes a step must read (:func:`decode_bytes`) ÷ bandwidth.
+5. **kit vs transformers**: prefill of ``compare_tokens`` tokens by the kit and by transformers'
    ``MiMoV2FlashForCausalLM`` (eager attention: the only one it offers this model, for the sinks) on the same bf16
    weights (shared tensors, no copy); the note gives the speed ratio and how far the two models' logits differ.
+
+Train and prefill run once per attention kernel of ``kernels`` (``MiMoConfig.attention_kernel``): ``eager``, the
+previous kernels (SDPA for GA, the blocked SWA), then ``flex`` (FlexAttention, compiled), the same weights; a
+later kernel's prefill row notes how far its logits are from the first's. Off CUDA the flex training row is
+skipped (FlexAttention has no CPU backward).
 
 FLOPs counted (model FLOPs, as in PaLM's MFU: what the maths needs, not what the kernels happen to compute):
 
@@ -83,11 +91,16 @@ class BenchGPUConfig(Config):
     matmul_sample_s: float = knob(0.02, "each matmul sample loops until it lasts this long (launches amortised)",
                                   min=0.0)
     seed: int = knob(0, "weights and token ids", min=0)
+    kernels: tuple[str, ...] = knob(("eager", "flex"), "attention kernels timed side by side: the reference first")
+    decode_context: int = knob(256, "tokens in the cache of the batch-1 decode rows; tiny: 16 windows", min=1)
+    decode_repeats: int = knob(5, "timed samples of a decode step (each ≥ matmul_sample_s of steps)", min=1)
+    copy_mib: int = knob(64, "MiB copied by the bandwidth row; issue: 1 GiB, far past every cache", min=1)
 
     PRESETS = {
         "tiny": {},
         "issue": {"model": ISSUE_MODEL, "matmul_sizes": (4096, 8192), "train_tokens": 4096, "prefill_tokens": 16384,
-                  "compare_tokens": 4096, "warmup": 2, "repeats": 10},
+                  "compare_tokens": 4096, "warmup": 2, "repeats": 10, "decode_context": 8192, "decode_repeats": 10,
+                  "copy_mib": 1024},
     }
 
 
@@ -125,6 +138,35 @@ def forward_flops(cfg: MiMoConfig, T: int, batch: int = 1, logits: int | None = 
 def train_flops(cfg: MiMoConfig, T: int, batch: int = 1) -> dict[str, float]:
     """3 × the forward with every position's logits: 6·N·tokens + 3 × attention."""
     return {k: 3.0 * v for k, v in forward_flops(cfg, T, batch).items()}
+
+
+def decode_bytes(cfg: MiMoConfig, context: int, weight_bytes: int = 2) -> dict[str, float]:
+    """Bytes one batch-1 decode step at ``context`` cached tokens must read from memory (its HBM bound):
+
+    .. math:: \\text{weights} = b\\,(N_{\\text{active}} - N_{\\text{emb}} + H) + 2\\,N_{\\text{router}}, \\qquad
+              \\text{KV} = b \\sum_\\ell n_{kv,\\ell}\\,(d_{qk} + d_v)\\,\\min(C, W_\\ell)
+
+    with b = 2 bytes (bf16; the router is fp32: 2 more per weight), one embedding row of the table, C = ``context``
+    (+ the new token), W_ℓ = the window on SWA layers, C on GA layers. Activations are not counted (kilobytes)."""
+    c = count_parameters(cfg)
+    weights = weight_bytes * (c["active"] - c["embeddings"] + cfg.hidden_size) + 2 * c["router"]
+    kv = 0
+    for t in cfg.layer_types:
+        heads = cfg.num_key_value_heads if t == FULL else cfg.swa_num_key_value_heads
+        keys = context + 1 if t == FULL else min(context + 1, cfg.sliding_window)
+        kv += weight_bytes * heads * (cfg.head_dim + cfg.v_head_dim) * keys
+    return {"weights": float(weights), "kv": float(kv), "total": float(weights + kv)}
+
+
+#: nominal HBM bandwidth (bytes/s) by GPU name: H200 4.8 TB/s, H100 SXM 3.35 TB/s, H100 PCIe 2.0 TB/s (data sheets)
+NOMINAL_HBM = (("H200", 4.8e12), ("H100 PCIe", 2.0e12), ("H100", 3.35e12))
+
+
+def nominal_bandwidth(device: torch.device) -> tuple[str, float] | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next(((key, bw) for key, bw in NOMINAL_HBM if key in name), None)
 
 
 # ---- timing ---------------------------------------------------------------------------------------------------
@@ -182,6 +224,7 @@ class Row:
     peak_bytes: int | None = None
     note: str = ""
     is_matmul: bool = False
+    read_bytes: float | None = None  # decode rows: bytes a step must read (weights it touches, its keys and values)
     failed: bool = False  # an error: no numbers, the note says why
     skipped: bool = False  # not run: the time budget was spent
 
@@ -255,9 +298,15 @@ def bench_matmul(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> l
     return rows
 
 
-def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> Row:
+def with_kernel(cfg: BenchGPUConfig, kernel: str) -> MiMoConfig:
+    return dataclasses.replace(cfg.model, attention_kernel=kernel)
+
+
+def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget, kernel: str = "eager") -> Row:
     T = cfg.train_tokens
-    model = build_model(cfg.model, device, seed=cfg.seed).train()  # fp32 master weights
+    if kernel == "flex" and device.type != "cuda":
+        raise Skipped("FlexAttention has no backward off CUDA")
+    model = build_model(with_kernel(cfg, kernel), device, seed=cfg.seed).train()  # fp32 master weights
     opt = build_optimizer(model, OptimConfig())  # AdamW on every group, the pre-training loop's set
     ids = token_ids(cfg.model, T + 1, device, cfg.seed)
     x, y = ids[:, :-1], ids[:, 1:]  # [1, T] each: next-token targets
@@ -280,14 +329,61 @@ def bench_train(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> Ro
                samples=len(times), peak_bytes=peak_memory(device), note=f"loss {first:.3f} → {last:.3f}")
 
 
-def bench_prefill(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> Row:
+def bench_prefill(cfg: BenchGPUConfig, device: torch.device, budget: Budget, kernel: str = "eager",
+                  reference: dict | None = None) -> Row:
+    """A bf16 prefill; ``reference`` (a dict) keeps the first kernel's last-position logits, and a later kernel's
+    row notes how far its logits are from them (the same weights: bf16 rounding apart, equal)."""
     T = cfg.prefill_tokens
-    model = build_model(cfg.model, device, torch.bfloat16, cfg.seed).eval()
+    model = build_model(with_kernel(cfg, kernel), device, torch.bfloat16, cfg.seed).eval()
     ids = token_ids(cfg.model, T, device, cfg.seed)
     with torch.no_grad():
+        logits = model(ids, logits_to_keep=1).logits.float()[0, -1]  # [V]
         times = timed(lambda: model(ids, logits_to_keep=1), device, budget, warmup=cfg.warmup, repeats=cfg.repeats)
+    note = ""
+    if reference is not None:
+        if "logits" in reference:
+            ref = reference["logits"]
+            note = (f"last-position logits differ from the {reference['kernel']} kernel's by "
+                    f"{float((logits - ref).norm() / ref.norm()):.1e} (relative)")
+        else:
+            reference.update(logits=logits, kernel=kernel)
     return Row("", tokens=T, flop=forward_flops(cfg.model, T, logits=1)["total"], seconds=statistics.median(times),
-               samples=len(times), peak_bytes=peak_memory(device))
+               samples=len(times), peak_bytes=peak_memory(device), note=note)
+
+
+def bench_copy(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> Row:
+    """The memory bandwidth a kernel reaches: a copy of ``copy_mib`` MiB reads and writes each byte once."""
+    n = cfg.copy_mib << 20
+    src = torch.empty(n, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    times = timed(lambda: dst.copy_(src), device, budget, warmup=cfg.warmup, repeats=cfg.repeats,
+                  min_sample_s=cfg.matmul_sample_s)
+    seconds = statistics.median(times)
+    return Row("", seconds=seconds, samples=len(times), read_bytes=2.0 * n,
+               note=f"{2 * n / seconds / 1e9:,.0f} GB/s (read + write)")
+
+
+def bench_decode(cfg: BenchGPUConfig, device: torch.device, budget: Budget, compiled: bool) -> Row:
+    """One token of one row after ``decode_context`` cached tokens, bf16 weights: the static-cache step eagerly
+    or compiled (on CUDA a CUDA graph). Each timed step is rewound, so every step reads the same keys."""
+    from mimo_kit.model.fast_decode import StaticKVCache, decode_step
+
+    C = cfg.decode_context
+    model = build_model(cfg.model, device, torch.bfloat16, cfg.seed).eval()
+    cache = StaticKVCache(cfg.model, 1, C + 1, dtype=torch.bfloat16, device=device)
+    tok = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step() -> None:
+        decode_step(model, tok, cache, compiled=compiled)
+        cache.lengths.sub_(1)
+        cache.span -= 1
+
+    with torch.no_grad():
+        cache.prefill(model, token_ids(cfg.model, C, device, cfg.seed).tolist())
+        times = timed(step, device, budget, warmup=cfg.warmup + 2 * compiled, repeats=cfg.decode_repeats,
+                      min_sample_s=cfg.matmul_sample_s)
+    return Row("", tokens=1, seconds=statistics.median(times), samples=len(times), peak_bytes=peak_memory(device),
+               read_bytes=decode_bytes(cfg.model, C)["total"])
 
 
 def bench_compare(cfg: BenchGPUConfig, device: torch.device, budget: Budget) -> list[Row]:
@@ -358,11 +454,26 @@ def run(cfg: BenchGPUConfig, device: torch.device, budget_s: float, compare: boo
 
     progress("matmul")
     rows += bench_matmul(cfg, device, budget)
-    progress("train step")
-    rows.append(guarded(f"train {T} tok (fwd+bwd+AdamW)", lambda: bench_train(cfg, device, budget), device, budget,
-                        need_s=20.0))
-    progress("prefill")
-    rows.append(guarded(f"prefill {P} tok", lambda: bench_prefill(cfg, device, budget), device, budget, need_s=10.0))
+    for kernel in cfg.kernels:  # the reference kernel first: the previous kernels' rows, then the fused ones
+        progress(f"train step, {kernel} attention")
+        rows.append(guarded(f"train {T} tok (fwd+bwd+AdamW), {kernel} attention",
+                            lambda k=kernel: bench_train(cfg, device, budget, k), device, budget, need_s=20.0))
+    reference: dict = {}
+    for kernel in cfg.kernels:
+        progress(f"prefill, {kernel} attention")
+        rows.append(guarded(f"prefill {P} tok, {kernel} attention",
+                            lambda k=kernel: bench_prefill(cfg, device, budget, k, reference), device, budget,
+                            need_s=10.0))
+    progress("memory copy")
+    rows.append(guarded(f"memory copy {cfg.copy_mib} MiB", lambda: bench_copy(cfg, device, budget), device, budget,
+                        need_s=2.0))
+    D = cfg.decode_context
+    for compiled in (False, True):
+        name = "compiled step" + (" (CUDA graph)" if device.type == "cuda" else "") if compiled else "eager step"
+        progress(f"decode, {name}")
+        rows.append(guarded(f"decode 1 row at {D:,} tokens, {name}",
+                            lambda c=compiled: bench_decode(cfg, device, budget, c), device, budget,
+                            need_s=30.0 if compiled else 5.0))
     if compare:
         progress("kit vs transformers")
         out = guarded(f"prefill {C} tok, kit vs transformers", lambda: bench_compare(cfg, device, budget), device,
@@ -373,8 +484,27 @@ def run(cfg: BenchGPUConfig, device: torch.device, budget_s: float, compare: boo
         precision = expert_gemm_precision(device)
     except Exception as e:  # noqa: BLE001 - a diagnostic; its failure is reported, not raised
         precision = f"unknown (the probe failed: {type(e).__name__}: {e})"
+    copies = [r.read_bytes / r.seconds for r in rows if r.workload.startswith("memory copy") and r.seconds]
     return {"rows": rows, "peak": max(matmuls) if matmuls else None, "precision": precision,
-            "flops": flop_table(cfg), "params": count_parameters(cfg.model)}
+            "flops": flop_table(cfg), "params": count_parameters(cfg.model),
+            "bandwidth": copies[0] if copies else None, "nominal": nominal_bandwidth(device),
+            "decode_bytes": decode_bytes(cfg.model, cfg.decode_context)}
+
+
+def decode_table(result: dict) -> list[dict]:
+    """Decode rows against the HBM bound: (bytes a step reads ÷ bandwidth) ÷ the step's time."""
+    bw, nominal = result["bandwidth"], result["nominal"]
+    out = []
+    for r in result["rows"]:
+        if not r.workload.startswith("decode") or not r.seconds:
+            continue
+        bound = {"measured copy bandwidth": bw, **({f"{nominal[0]} nominal": nominal[1]} if nominal else {})}
+        out.append({"decode": r.workload, "ms / step": f"{1e3 * r.seconds:.3g}",
+                    "tokens/s": f"{1 / r.seconds:,.0f}", "bytes read / step (GB)": f"{r.read_bytes / 1e9:.3g}",
+                    "GB/s": f"{r.read_bytes / r.seconds / 1e9:,.4g}",
+                    **{f"% of the bound ({k})": fmt(100 * r.read_bytes / r.seconds / v if v else None, ".3g", "%")
+                       for k, v in bound.items()}})
+    return out
 
 
 def flop_table(cfg: BenchGPUConfig) -> list[dict]:
@@ -459,6 +589,15 @@ def report(cfg: BenchGPUConfig, shape: str, result: dict, device: torch.device, 
         table(result),
         "",
         f"Expert GEMMs under bf16 autocast with fp32 weights ran in {result['precision']}.",
+        "",
+        f"Batch-1 decode against the HBM bound: a step at {cfg.decode_context:,} cached tokens must read "
+        f"{result['decode_bytes']['weights'] / 1e9:.3g} GB of weights (bf16, the k chosen experts of each MoE layer, "
+        f"the LM head) and {result['decode_bytes']['kv'] / 1e9:.3g} GB of keys and values (`decode_bytes` in "
+        "`benchmarks/bench_gpu.py`); the bound is that many bytes at the copy row's bandwidth, or at the chip's "
+        "nominal HBM bandwidth. The eager step is the kit's previous decode kernel (`decode_step`), the compiled "
+        "one the same step under `torch.compile` (`mode=\"reduce-overhead\"` on CUDA: one CUDA graph per step).",
+        "",
+        markdown_table(decode_table(result)) if decode_table(result) else "(no decode row ran)",
         "",
         "FLOPs per iteration (model FLOPs: GA counted as the causal half T(T+1)/2, SWA as its band; formula in "
         "`benchmarks/bench_gpu.py`):",

@@ -41,7 +41,7 @@ shapes = st.fixed_dictionaries({
     "window": st.sampled_from([None, 1, 2, 5, 16, 33]), "past": st.integers(0, 40)})
 
 
-@settings(deadline=None, max_examples=40)
+@settings(deadline=None, max_examples=30)
 @given(shapes)
 def test_flex_equals_the_eager_kernels_forward(p):
     """Over random shapes, windows, sinks and cached prefixes (SWA: at most window − 1 cached keys, as the ring

@@ -1,6 +1,7 @@
 """benchmarks/bench_gpu.py on the CPU: its FLOP count, and a smoke run of the whole script (tiny shape)."""
 
 import importlib.util
+import itertools
 import math
 import os
 import subprocess
@@ -55,16 +56,14 @@ def test_flops_follow_the_docstring_formula(bench):
 
 
 def parse_table(text: str) -> dict[str, dict[str, str]]:
-    """The first markdown table of ``text``: rows by their first cell."""
-    lines = [line for line in text.splitlines() if line.startswith("|")]
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    """The first markdown table of ``text`` (its contiguous ``|`` lines): rows by their first cell."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    block = [line for line in itertools.takewhile(lambda x: x.startswith("|"), lines[start:])]
+    head = [c.strip() for c in block[0].strip("|").split("|")]
     rows = {}
-    for line in lines[2:]:
-        if line.startswith("|---"):
-            break
+    for line in block[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
-        if cells[0] == head[0]:  # the next table's header
-            break
         rows[cells[0]] = dict(zip(head, cells))
     return rows
 
@@ -85,11 +84,21 @@ def test_cpu_smoke_run_writes_the_table(tmp_path):
     text = out.read_text()
     assert "torch " in text and "CUDA none" in text and "6·(N + N_head)·T + 3·attn" in text
     rows = parse_table(text)
-    expected = ["matmul bf16 256³", "matmul bf16 512³", "train 128 tok (fwd+bwd+AdamW)", "prefill 512 tok",
-                "prefill 128 tok, kit", "prefill 128 tok, transformers eager"]
+    expected = ["matmul bf16 256³", "matmul bf16 512³", "train 128 tok (fwd+bwd+AdamW), eager attention",
+                "train 128 tok (fwd+bwd+AdamW), flex attention", "prefill 512 tok, eager attention",
+                "prefill 512 tok, flex attention", "memory copy 64 MiB", "decode 1 row at 256 tokens, eager step",
+                "decode 1 row at 256 tokens, compiled step", "prefill 128 tok, kit",
+                "prefill 128 tok, transformers eager"]
     assert list(rows) == expected
+    # FlexAttention trains on CUDA only: the one row a CPU skips, saying why
+    assert rows.pop("train 128 tok (fwd+bwd+AdamW), flex attention")["note"].startswith("skipped: FlexAttention")
+    flex = rows["prefill 512 tok, flex attention"]["note"]
+    assert number(flex.split("by ")[1].split(" ")[0]) < 1e-2, flex  # bf16 weights: equal up to bf16 rounding
     for name, row in rows.items():
         assert not row["note"].startswith(("error", "skipped")), (name, row["note"])
+        if name.startswith(("memory", "decode")):
+            assert number(row["ms / iter"]) > 0
+            continue
         cols = ["TFLOP / iter", "ms / iter", "TFLOP/s", "MFU (790 TFLOP/s)"]
         if not name.startswith("matmul"):
             cols += ["tokens/s", "MFU (measured peak)"]
@@ -98,6 +107,10 @@ def test_cpu_smoke_run_writes_the_table(tmp_path):
             assert math.isfinite(v) and v > 0, (name, col, row[col])
     assert "kit speed" in rows["prefill 128 tok, transformers eager"]["note"]
     assert "ran in bf16" in text  # the autocast probe: the kit casts the experts' grouped GEMM operands itself
+    decode = parse_table(text.split("Batch-1 decode against the HBM bound")[1])
+    assert list(decode) == expected[7:9]
+    for row in decode.values():  # a CPU step reads its bytes at some fraction of the copy bandwidth
+        assert 0 < number(row["% of the bound (measured copy bandwidth)"]) and number(row["tokens/s"]) > 0
 
 
 @pytest.mark.slow

@@ -129,7 +129,8 @@ def test_compiled_steps_share_one_graph(monkeypatch):
     counters = torch._dynamo.utils.counters
     counters.clear()
     monkeypatch.setattr(fast_decode, "_COMPILED",
-                        torch.compile(decode_logits, fullgraph=True, backend="eager", dynamic=False))
+                        {("decode", "cpu"): torch.compile(decode_logits, fullgraph=True, backend="eager",
+                                                          dynamic=False)})
     model = random_model(2)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     n = 2 * model.config.sliding_window + 3  # past the SWA ring's first wrap
@@ -239,3 +240,89 @@ def test_a_block_that_the_cache_cannot_hold_is_refused_by_name():
     with pytest.raises(ValueError, match="max_len=16"):
         block_logits(model, torch.ones(1, 3, dtype=torch.long), cache, 17)
     assert cache.lengths.tolist() == [3]  # refused before writing anything
+
+
+def test_compiled_verification_equals_the_eager_block_over_rounds_in_one_graph(monkeypatch):
+    """verify_step(compiled=True): block_logits traced whole (fullgraph) on the decode step's terms (n_keys =
+    max_len), equal to the eager block (reading span + T keys) round after round with rollbacks through the SWA
+    rings' wrap, every round of one block size on one graph. Dynamo's eager backend: the same tracing and guards
+    as inductor, without the code generation."""
+    from mimo_kit.model import fast_decode
+    from mimo_kit.model.fast_decode import block_logits, verify_step
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    monkeypatch.setattr(fast_decode, "_COMPILED", {("verify", "cpu"): torch.compile(
+        block_logits, fullgraph=True, backend="eager", dynamic=False)})
+    model = random_model(5)
+    rng = random.Random(5)
+    g = torch.Generator().manual_seed(5)
+    T, rows = 3, 2
+    prompts = [[1, 2, 3, 4], [5, 6]]
+    rounds = 3 * model.config.sliding_window  # past the rings' first wrap
+    eager, comp = (StaticKVCache(model.config, rows, 6 + rounds * T + T, slack=T) for _ in range(2))
+    with torch.no_grad():
+        eager.prefill(model, prompts)
+        comp.prefill(model, prompts)
+        for _ in range(rounds):
+            block = torch.randint(1, model.config.vocab_size, (rows, T), generator=g)
+            ref = verify_step(model, block, eager)
+            out = verify_step(model, block, comp, compiled=True)
+            for a, b in zip([ref[0], *ref[1], ref[2]], [out[0], *out[1], out[2]]):
+                torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+            back = [rng.randint(0, T - 1) for _ in range(rows)]
+            eager.rollback(back)
+            comp.rollback(back)
+    assert comp.lengths.tolist() == eager.lengths.tolist()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    with pytest.raises(ValueError, match="runs past the cache's max_len"):
+        small = StaticKVCache(model.config, 1, 6, slack=T)
+        small.prefill(model, [[1, 2, 3, 4]])
+        verify_step(model, torch.ones(1, T, dtype=torch.long), small, compiled=True)
+    torch._dynamo.reset()
+
+
+def test_the_engine_decodes_compiled_as_it_decodes_eagerly(monkeypatch):
+    """InProcessEngine(compiled=True): plain and speculative rollouts through the compiled decode and verification
+    steps (traced by dynamo's eager backend) sample the same tokens as the eager engine from the same seed, the
+    batch's cache length rounded up to the bucket."""
+    from mimo_kit.infra import engine as engine_mod
+    from mimo_kit.infra.engine import GenerationRequest, InProcessEngine
+    from mimo_kit.model import fast_decode
+    from mimo_kit.model.fast_decode import block_logits
+    from mimo_kit.speculative import MTPConfig, MTPDrafter
+
+    torch._dynamo.reset()
+    calls = {"decode": 0, "verify": 0}
+
+    def counted(step, fn):
+        graph = torch.compile(fn, fullgraph=True, backend="eager", dynamic=False)
+
+        def run(*args, **kwargs):
+            calls[step] += 1
+            return graph(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(fast_decode, "_COMPILED", {
+        (step, "cpu"): counted(step, fn) for step, fn in (("decode", decode_logits), ("verify", block_logits))})
+    lengths = []
+
+    class Counted(StaticKVCache):
+        def __init__(self, cfg, batch, max_len, **kw):
+            lengths.append(max_len)
+            super().__init__(cfg, batch, max_len, **kw)
+
+    monkeypatch.setattr(engine_mod, "StaticKVCache", Counted)
+    model = random_model(3)
+    torch.manual_seed(0)
+    drafter = MTPDrafter(MTPConfig.preset("tiny", block_size=3), model.config).eval()
+    requests = [GenerationRequest(f"r{i}", [1 + i, 2, 3 + i], max_new_tokens=12, temperature=0.8) for i in range(3)]
+    for d in (None, drafter):
+        outs = [InProcessEngine(model, seed=7, drafter=d, compiled=c).generate(requests) for c in (False, True)]
+        assert [o.token_ids for o in outs[1]] == [o.token_ids for o in outs[0]]
+        for a, b in zip(outs[0], outs[1]):
+            assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert lengths == [15, engine_mod.COMPILED_LEN_BUCKET]
+    assert calls["decode"] == 11 and calls["verify"] > 0, calls  # 12 tokens: the prefill's and 11 decode steps
+    torch._dynamo.reset()

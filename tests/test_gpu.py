@@ -168,3 +168,82 @@ def test_fsdp2_in_one_process_equals_the_unsharded_run(tmp_path):
     for a, b in zip(on.log["loss"], off.log["loss"], strict=True):
         assert math.isfinite(a) and abs(a - b) <= 1e-4 * abs(b), (on.log["loss"], off.log["loss"])
     assert math.isclose(on.log["val_loss"][-1], off.log["val_loss"][-1], rel_tol=1e-4)
+
+
+# ---- the fused kernels against the reference paths ---------------------------------------------------------------
+def kernel_pair(seed: int, **shape):
+    """(eager, flex) kit decoders on the GPU with the same fp32 weights; sinks drawn so that they matter."""
+    from mimo_kit.model import MiMoConfig, MiMoForCausalLM
+
+    cfg = MiMoConfig.preset("tiny", vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                            num_key_value_heads=2, swa_num_key_value_heads=4, head_dim=64, v_head_dim=64,
+                            moe_intermediate_size=128, n_routed_experts=8, sliding_window=128, global_layers=(0, 3),
+                            max_position_embeddings=4096, **shape)
+    torch.manual_seed(seed)
+    eager = MiMoForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in eager.named_parameters():
+            if name.endswith("sinks"):
+                p.normal_(0, 1.5)
+    flex = MiMoForCausalLM(dataclasses.replace(cfg, attention_kernel="flex"))
+    flex.load_state_dict(eager.state_dict())
+    return eager.to(DEV), flex.to(DEV)
+
+
+@pytest.mark.parametrize("shape", [{}, {"v_head_dim": 32}])
+def test_flex_attention_logits_and_gradients_equal_the_eager_path_in_bf16(shape):
+    """A bf16-autocast training forward and backward over 1,000 tokens (8 windows, GA and SWA layers with sinks):
+    FlexAttention's logits and every parameter's gradient (the sinks' included) within bf16 rounding of the eager
+    kernels', and in fp32 within fp32 rounding."""
+    eager, flex = kernel_pair(0, **shape)
+    ids = torch.randint(0, 512, (2, 1000), generator=torch.Generator().manual_seed(1)).to(DEV)
+    for dtype, tol in ((torch.float32, 2e-4), (torch.bfloat16, 3e-2)):
+        outs = []
+        for model in (eager, flex):
+            model.zero_grad()
+            with exact_fp32(), torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+                logits = model(ids).logits
+                loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss.backward()
+            outs.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()
+                                           if p.grad is not None}))
+        (ref, ref_grads), (out, grads) = outs
+        assert rel(out, ref) < tol, (dtype, rel(out, ref))
+        assert grads.keys() == ref_grads.keys()
+        sinks = [n for n in grads if n.endswith("sinks")]
+        assert sinks and all(ref_grads[n].abs().max() > 0 for n in sinks)
+        worst = max(((n, rel(grads[n], ref_grads[n])) for n in grads), key=lambda t: t[1])
+        assert worst[1] < 5 * tol, (dtype, worst)
+
+
+def test_compiled_decode_on_cuda_graphs_equals_the_eager_step():
+    """decode_step / verify_step compiled with mode="reduce-overhead": the steps run as CUDA graphs (no cudagraph
+    skip: the cache's buffers are static addresses, mutated in place) and give the eager steps' logits over a
+    generation through the SWA rings' wrap, ragged rows, and speculative blocks with rollbacks."""
+    from mimo_kit.model.fast_decode import StaticKVCache, decode_step, graph_mode, verify_step
+
+    assert graph_mode(DEV) == "reduce-overhead"
+    eager_model, _ = kernel_pair(1, sliding_window=8)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    prompts = [[1, 2, 3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    n, T = 20, 3
+    with exact_fp32(), torch.no_grad():
+        eager, comp = (StaticKVCache(eager_model.config, 3, 7 + n + 4 * T + 1, device=DEV, slack=T) for _ in range(2))
+        tok = eager.prefill(eager_model, prompts).argmax(-1)
+        comp.prefill(eager_model, prompts)
+        for _ in range(n):
+            ref = decode_step(eager_model, tok, eager)
+            out = decode_step(eager_model, tok, comp, compiled=True)
+            assert rel(out, ref) < 1e-4
+            tok = ref.argmax(-1)
+        g = torch.Generator().manual_seed(2)
+        for _ in range(4):
+            block = torch.randint(1, 512, (3, T), generator=g).to(DEV)
+            ref, out = verify_step(eager_model, block, eager), verify_step(eager_model, block, comp, compiled=True)
+            assert rel(out[0], ref[0]) < 1e-4 and rel(out[2], ref[2]) < 1e-4
+            eager.rollback([1, 0, 2])
+            comp.rollback([1, 0, 2])
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    torch._dynamo.reset()

@@ -158,9 +158,9 @@ def test_the_engine_decodes_a_group_speculatively_in_one_batch(kind, monkeypatch
     for p, o in zip(prompts, ref):
         no_near_ties(bb, torch.tensor([p + o.token_ids[:-1]]), greedy_from=len(p) - 1)
     calls = []
-    real = rows.block_logits
-    monkeypatch.setattr(rows, "block_logits", lambda m, tok, *a, **k: calls.append(tok.shape[0]) or real(m, tok, *a,
-                                                                                                      **k))
+    real = rows.verify_step
+    monkeypatch.setattr(rows, "verify_step", lambda m, tok, *a, **k: calls.append(tok.shape[0]) or real(m, tok, *a,
+                                                                                                    **k))
     eng = InProcessEngine(bb, drafter=d, prefix_cache_bytes=1 << 20)
     outs = eng.generate(reqs)
     assert [o.token_ids for o in outs] == [o.token_ids for o in ref]

@@ -116,6 +116,11 @@ def candidate_logmass(logits: torch.Tensor, kept: torch.Tensor, temperature: flo
     return lsm.masked_fill(~kept, float("-inf")).logsumexp(-1)
 
 
+#: compiled decoding rounds a batch's cache length up to a multiple of this many positions: one graph serves
+#: every batch of the same size up to that length (each new shape compiles, seconds to a minute)
+COMPILED_LEN_BUCKET = 256
+
+
 class InProcessEngine:
     """The embedded engine: the kit decoder or a transformers causal LM, batched decode with a KV cache.
 
@@ -143,10 +148,15 @@ class InProcessEngine:
     alone (:func:`~mimo_kit.speculative.decode.speculative_sample`). Requests that capture routing (R3) decode
     plainly.
     :attr:`spec` counts rounds, drafts proposed and accepted (reset it to log a step's acceptance).
+
+    ``compiled`` runs the fast path's decode steps and speculative verifications as compiled graphs
+    (:func:`~mimo_kit.model.fast_decode.compiled_step`; on CUDA, CUDA graphs: a step is one launch), the batch's
+    cache length rounded up to ``COMPILED_LEN_BUCKET`` so that batches of nearby lengths share a graph. Each new
+    (batch, length) shape compiles once (seconds to a minute): worth it for long generations on a GPU.
     """
 
     def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0,
-                 prefix_cache_bytes: int = 0, drafter: Any = None):
+                 prefix_cache_bytes: int = 0, drafter: Any = None, compiled: bool = False):
         self.model = copy.deepcopy(model) if copy_weights else model
         self.model.eval()
         for p in self.model.parameters():
@@ -163,6 +173,7 @@ class InProcessEngine:
         self.kv_peak_bytes = 0  # the most KV a decode batch held (StaticKVCache.held_bytes of its rows)
         self.prefix_cache = (PrefixCache(prefix_cache_bytes, park="cpu")
                              if prefix_cache_bytes > 0 and self.is_kit else None)
+        self.compiled = compiled and self.is_kit  # decode steps and verifications as compiled graphs
         self.drafter = None
         self.spec = SpecCounts()
         if drafter is not None:
@@ -216,7 +227,8 @@ class InProcessEngine:
                 logits = cache.prefill(self.model, ids, prefixes).float().cpu()
                 self.prefill_tokens += cache.prefilled
                 return logits, cache
-            return decode_step(self.model, ids[:, 0].to(self.device), cache).float().cpu(), cache
+            return (decode_step(self.model, ids[:, 0].to(self.device), cache, compiled=self.compiled).float().cpu(),
+                    cache)
         ids = ids.to(self.device)
         if self.is_kit:
             if cache.seq_len == 0:
@@ -226,6 +238,14 @@ class InProcessEngine:
             self.prefill_tokens += ids.numel()
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float().cpu(), out.past_key_values
+
+    def _cache_len(self, length: int) -> int:
+        """A decode batch's cache length: compiled, rounded up to a multiple of ``COMPILED_LEN_BUCKET`` (each
+        cache shape is a graph of its own: batches of nearby lengths share one), else ``length``."""
+        if not self.compiled:
+            return length
+        limit = self.model.config.max_position_embeddings
+        return min(max(length, -(-length // COMPILED_LEN_BUCKET) * COMPILED_LEN_BUCKET), limit)
 
     def _new_cache(self) -> Any:
         return self.model.new_cache() if self.is_kit else None
@@ -288,7 +308,8 @@ class InProcessEngine:
         res = speculative_sample(self.model, self.drafter, list(r.prompt_ids), r.max_new_tokens,
                                  temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
                                  stop_token_ids=tuple(r.stop_token_ids), generator=self.generator,
-                                 return_candidates=r.return_candidates, should_stop=should_stop, fast=True)
+                                 return_candidates=r.return_candidates, should_stop=should_stop, fast=True,
+                                 compiled=self.compiled)
         self.prefill_tokens += len(r.prompt_ids)
         self.tokens_generated += len(res.tokens)
         self.spec.add(res)
@@ -316,7 +337,7 @@ class InProcessEngine:
             top_k=r0.top_k, top_p=r0.top_p, stop_token_ids=tuple(r0.stop_token_ids), generator=self.generator,
             return_candidates=r0.return_candidates, should_stop=should_stop,
             prefixes=None if store is None else [store.lookup(r.prompt_ids) for r in reqs],
-            on_end=None if store is None else on_end)
+            on_end=None if store is None else on_end, compiled=self.compiled)
         self.prefill_tokens += res.prefilled
         self.kv_peak_bytes = max(self.kv_peak_bytes, res.held_bytes)
         outs = []
@@ -345,7 +366,8 @@ class InProcessEngine:
         ctx = self.model.capture_routing() if want_routing else _null()
         with ctx as record:
             if fast:
-                cache = StaticKVCache(self.model.config, B, max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens,
+                length = max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens
+                cache = StaticKVCache(self.model.config, B, self._cache_len(length),
                                       dtype=next(self.model.parameters()).dtype, device=self.device)
                 store = self.prefix_cache
                 prefixes = None if store is None else [store.lookup(r.prompt_ids) for r in reqs]

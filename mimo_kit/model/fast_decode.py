@@ -26,9 +26,10 @@ batch of rows of *different* lengths (a GRPO group, or several groups with diffe
   :class:`~mimo_kit.model.moe.Experts`.
 
 Nothing in :func:`decode_logits` reads a tensor on the host (no ``.item()``, ``.tolist()``, data-dependent
-shapes), so ``torch.compile(fullgraph=True)`` traces it and a CUDA graph can capture it. The number of GA keys a
-step reads (``n_keys``) is a host integer the caller keeps (:attr:`StaticKVCache.span`), or ``max_len`` for a
-fixed-shape graph.
+shapes), so ``torch.compile(fullgraph=True)`` traces it and a CUDA graph captures it (:func:`compiled_step`:
+``mode="reduce-overhead"`` on CUDA, the cache's buffers static addresses); :func:`block_logits`, the speculative
+verification, likewise (:func:`verify_step`). The number of GA keys a step reads (``n_keys``) is a host integer
+the caller keeps (:attr:`StaticKVCache.span`), or ``max_len`` for a fixed-shape graph.
 
 Departures from :func:`~mimo_kit.model.generate.generate`: prompts are prefilled with the model's forward, one
 batched forward per distinct prompt length, identical prompts once (a GRPO group shares one prefill), and
@@ -451,33 +452,81 @@ def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVC
     return model.lm_head(m.norm(x))
 
 
-_COMPILED = None
+#: compiled steps, one per (step, device type): ``"decode"`` (:func:`decode_logits`), ``"verify"`` (:func:`block_logits`
+#: with the layers' hidden states, what speculative verification reads)
+_COMPILED: dict[tuple[str, str], Callable] = {}
 
 
-def compiled_decode_logits():
-    """:func:`decode_logits` under ``torch.compile`` (inductor: the step's ~800 small kernels fused into a few
-    generated ones), built once per process. It is called with ``n_keys = max_len``, so one graph serves every step
-    of a cache (shapes fixed, no recompilation as the context grows); the GA keys past a row's length are masked,
-    so the logits equal the eager step's up to float rounding."""
-    global _COMPILED
-    if _COMPILED is None:
-        _COMPILED = torch.compile(decode_logits, fullgraph=True, dynamic=False)
-    return _COMPILED
+def graph_mode(device: torch.device | str) -> str:
+    """``torch.compile`` mode of the decode steps: ``"reduce-overhead"`` on CUDA (inductor's kernels captured in a
+    CUDA graph: a step is one graph launch, so batch-1 decode is bound by reading the weights, not by launching
+    ~800 kernels), ``"default"`` elsewhere (no graphs off CUDA)."""
+    return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+
+
+def compiled_step(step: str, device: torch.device | str) -> Callable:
+    """:func:`decode_logits` (``step="decode"``) or :func:`block_logits` (``"verify"``) under ``torch.compile``
+    (fullgraph, static shapes), built once per process and device type. Called with ``n_keys = max_len``, one graph
+    serves every step of a cache (no recompilation as the context grows); the GA keys past a row's length are
+    masked, so the logits equal the eager step's up to float rounding."""
+    key = (step, torch.device(device).type)
+    if key not in _COMPILED:
+        fn = {"decode": decode_logits, "verify": block_logits}[step]
+        _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=False, mode=graph_mode(device))
+    return _COMPILED[key]
+
+
+def _graph_ready(model: MiMoForCausalLM, cache: StaticKVCache) -> None:
+    """Before a compiled step: the rope tables built eagerly (built inside the graph, step 2 would fail a guard and
+    compile again) and, once per cache, its buffers marked static addresses: a CUDA graph reads and writes the
+    cache in place (keys, values, ``lengths``) instead of copying it into the graph's own inputs every replay."""
+    tables = _rope_tables(model, cache)
+    if not cache.__dict__.get("_static"):
+        for t in [*cache.k, *cache.v, cache.lengths, *(x for pair in tables.values() for x in pair)]:
+            torch._dynamo.mark_static_address(t, guard=False)
+        cache._static = True
+    if graph_mode(cache.lengths.device) == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()  # a new iteration: the last replay's outputs may be reused
+
+
+def _owned(x):
+    """A graph replay's outputs live in the graph's memory pool, overwritten by the next replay: copies."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    return type(x)(_owned(y) for y in x)
 
 
 def decode_step(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVCache, *,
                 compiled: bool = False) -> torch.Tensor:
     """One token per row (tokens [B]) → logits [B, V]; the host keeps ``cache.span``. ``compiled`` runs the step
-    through :func:`compiled_decode_logits` (the first step of a new shape pays the compilation)."""
+    through :func:`compiled_step` (the first step of a new shape pays the compilation; on CUDA a graph replay)."""
     if cache.span >= cache.max_len:
         raise ValueError(f"decode_step: a row reached max_len={cache.max_len}; build the cache larger")
     if compiled:
-        _rope_tables(model, cache)  # eagerly: built inside the graph, step 2 would fail a guard and compile again
-        logits = compiled_decode_logits()(model, tokens, cache, cache.max_len)
+        _graph_ready(model, cache)
+        logits = compiled_step("decode", tokens.device)(model, tokens, cache, cache.max_len)
+        if graph_mode(tokens.device) == "reduce-overhead":
+            logits = logits.clone()
     else:
         logits = decode_logits(model, tokens, cache, cache.span + 1)
     cache.span += 1
     return logits
+
+
+def verify_step(model: MiMoForCausalLM, block: torch.Tensor, cache: StaticKVCache, *, compiled: bool = False):
+    """Speculative verification of a block [B, T] (each row's anchor and its drafts) → (logits [B, T, V], the
+    layers' outputs, the final-normed state): :func:`block_logits` with ``output_hidden_states``, eager (reading
+    ``span + T`` GA keys) or ``compiled`` on the decode step's terms (``n_keys = max_len``, one graph per T; on CUDA
+    a graph replay). The caller rolls back the rejected tokens (:meth:`StaticKVCache.rollback`)."""
+    T = block.shape[1]
+    if not compiled:
+        return block_logits(model, block, cache, cache.span + T, output_hidden_states=True)
+    if cache.span + T > cache.max_len:
+        raise ValueError(f"verify_step: a block of {T} tokens after {cache.span} runs past the cache's max_len="
+                         f"{cache.max_len} (build it larger)")
+    _graph_ready(model, cache)
+    out = compiled_step("verify", block.device)(model, block, cache, cache.max_len, output_hidden_states=True)
+    return _owned(out) if graph_mode(block.device) == "reduce-overhead" else out
 
 
 # ---- generation ------------------------------------------------------------------------------------------------
@@ -489,7 +538,7 @@ def fast_generate(model: MiMoForCausalLM, prompts: Sequence[Sequence[int]] | tor
     """:func:`~mimo_kit.model.generate.generate` for prompts of different lengths, on a :class:`StaticKVCache`.
 
     Same sampling (:func:`sample_next`), same :class:`Generation`; rows that stopped are fed ``pad_id``.
-    ``compiled`` decodes through ``torch.compile`` (:func:`compiled_decode_logits`): worth it for long generations,
+    ``compiled`` decodes through ``torch.compile`` (:func:`compiled_step`): worth it for long generations,
     since the first call of each (batch, length) shape compiles (tens of seconds on a CPU)."""
     if isinstance(prompts, torch.Tensor):
         prompts = prompts.tolist()

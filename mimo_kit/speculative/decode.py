@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 
 from mimo_kit.model.decoder import CausalLMOutput, MiMoForCausalLM
-from mimo_kit.model.fast_decode import StaticKVCache, block_logits
+from mimo_kit.model.fast_decode import StaticKVCache, verify_step
 from mimo_kit.model.generate import truncate_logits
 
 
@@ -192,7 +192,7 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                        stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
                        return_candidates: bool = False, should_stop: Callable[[], bool] | None = None,
-                       fast: bool = False) -> SpecResult:
+                       fast: bool = False, compiled: bool = False) -> SpecResult:
     """Up to ``max_new_tokens`` after ``prompt_ids``, ending at the first of ``stop_token_ids``: the tokens, each
     one's logprob and (``return_candidates``) its candidate set, and the drafts' acceptance. ``should_stop`` is
     asked after every verification round; True cuts the generation there (``finish_reason`` "abort").
@@ -200,7 +200,8 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
     ``fast`` verifies on a :class:`~mimo_kit.model.fast_decode.StaticKVCache` (the kit decoder's fast decode
     path, :func:`~mimo_kit.model.fast_decode.block_logits`) instead of the general forward: the same logits up
     to float rounding, fewer small operations per round (the general forward, which raises by name, when a block
-    could run past ``max_position_embeddings``)."""
+    could run past ``max_position_embeddings``). ``compiled`` (with ``fast``) verifies through the compiled block
+    step (:func:`~mimo_kit.model.fast_decode.verify_step`: CUDA graphs on CUDA)."""
     check_sampling("speculative_sample", temperature, top_k, top_p, max_new_tokens, len(prompt_ids), "prompt tokens")
     stops = set(stop_token_ids)
     K = drafter.num_drafts
@@ -214,8 +215,7 @@ def speculative_sample(backbone: MiMoForCausalLM, drafter: Drafter, prompt_ids: 
         out = static.fill_row(backbone, 0, prompt_ids, output_hidden_states=True)
 
         def verify(block: torch.Tensor) -> CausalLMOutput:
-            logits, hidden, last = block_logits(backbone, block, static, static.span + block.shape[1],
-                                                output_hidden_states=True)
+            logits, hidden, last = verify_step(backbone, block, static, compiled=compiled)
             return CausalLMOutput(logits, None, hidden, last)
 
         def rollback(n: int) -> None:

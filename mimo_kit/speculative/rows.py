@@ -37,7 +37,7 @@ import torch
 
 from mimo_kit.model.cache import KVCache
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.model.fast_decode import StaticKVCache, block_logits
+from mimo_kit.model.fast_decode import StaticKVCache, verify_step
 from mimo_kit.speculative.decode import (
     SpecResult,
     check_sampling,
@@ -65,14 +65,16 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
                             stop_token_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
                             return_candidates: bool = False, should_stop: Callable[[], bool] | None = None,
                             prefixes: Sequence[KVCache | None] | None = None,
-                            on_end: Callable[[int, list[int], StaticKVCache], None] | None = None) -> RowsResult:
+                            on_end: Callable[[int, list[int], StaticKVCache], None] | None = None,
+                            compiled: bool = False) -> RowsResult:
     """Up to ``max_new_tokens`` after each prompt, each row ending at its first stop token; per row what
     :func:`~mimo_kit.speculative.decode.speculative_sample` returns for one.
 
     ``prefixes[b]``: a stored KV of prompt b's first tokens (a prefix cache's hit), so only its suffix is prefilled
     and the drafter's context starts at the suffix. ``should_stop`` is asked after every round; True ends the rows
     still running ("abort"). ``on_end(b, tokens, cache)`` is called as row b ends with its tokens, its row of
-    ``cache`` holding the prompt and every token but the last (what a prefix cache stores)."""
+    ``cache`` holding the prompt and every token but the last (what a prefix cache stores). ``compiled`` verifies
+    through the compiled block step (:func:`~mimo_kit.model.fast_decode.verify_step`: CUDA graphs on CUDA)."""
     check_sampling("speculative_sample_rows", temperature, top_k, top_p, max_new_tokens, len(prompts), "prompts")
     if prefixes is not None and len(prefixes) != len(prompts):
         raise ValueError(f"speculative_sample_rows: {len(prefixes)} prefixes for {len(prompts)} prompts")
@@ -137,8 +139,7 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
                                                 generator)
         drafts, q_logits = drafts.cpu(), q_logits.float().cpu()  # [N, k], [N, k, V]
         block = torch.cat([anchors[:, None], drafts], 1)  # [N, B]
-        logits, hidden, last = block_logits(backbone, block.to(device), cache, cache.span + B,
-                                            output_hidden_states=True)
+        logits, hidden, last = verify_step(backbone, block.to(device), cache, compiled=compiled)
         logits = logits.float().cpu()  # [N, B, V]: logits[n, i] predicts the token after block[n, i]
         p, lsm = target_distribution(logits, temperature, top_k, top_p)
         q = (q_logits / temperature).softmax(-1) if temperature > 0 else None
