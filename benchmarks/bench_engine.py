@@ -4,6 +4,8 @@ rollout driver, each engine optimisation switched on one at a time → benchmark
     python benchmarks/bench_engine.py           # 4 tasks × 4 episodes, 3 rounds per variant (~3 min on 2 cores
                                                 # once both policies' SFT warm starts are cached; ~10 min before)
     python benchmarks/bench_engine.py --quick   # 2 tasks × 2 episodes, one round, the RL config's policy, printed only
+    python benchmarks/bench_engine.py --check --device cuda   # plain vs speculative rollouts on a GPU, compiled
+                                                # steps (CUDA graphs) beside the eager ones → RESULTS_engine_cuda.md
 
 Per variant: prompt tokens prefilled per episode, generated tokens per second of rollout wall time (tools and
 grading included), the most KV a decode batch held (each row's tokens) and the most kept in host memory (the
@@ -45,6 +47,11 @@ VARIANTS = (("turn-synchronous: every turn prefills its whole context", {}),
 DRAFTER_STEPS = 1000
 #: layers of the deeper repo-world policy (the RL config's has 3): a drafter's proposal is a smaller share of its step
 DEEP_LAYERS = 12
+
+
+#: ``--check`` (what scripts/gpu_check.sh runs): tasks × episodes, rounds per variant (the first also compiles the
+#: graphs, so the best round is a warm one) and each drafter's training steps, within the check's minute and a half
+CHECK_TASKS, CHECK_GROUP, CHECK_ROUNDS, CHECK_DRAFTER_STEPS = 4, 4, 2, 200
 
 
 def run(world, policy, settings, kwargs: dict, tasks: int, group: int, drafters: dict | None = None) -> dict:
@@ -106,7 +113,8 @@ def round_costs(policy, drafters: dict, rows: int, context: int = 200, reps: int
     return costs
 
 
-def train_drafters(policy, world, settings, tasks: int, group: int) -> tuple[dict, dict]:
+def train_drafters(policy, world, settings, tasks: int, group: int, steps: int = DRAFTER_STEPS,
+                   warm_tasks: int | None = None) -> tuple[dict, dict]:
     """A block drafter and an MTP module (block size 4), each trained for ``DRAFTER_STEPS`` on the policy's own
     rollouts of other tasks than the timed ones (``DrafterRefresher``, as an RL run refreshes them) → (drafters,
     final losses)."""
@@ -114,10 +122,11 @@ def train_drafters(policy, world, settings, tasks: int, group: int) -> tuple[dic
     from mimo_kit.train.engines import token_rows
 
     warm = play(InProcessEngine(policy, seed=11), [world.episodes(t, group) for t in
-                                                    world.tasks(8 * tasks, seed=2, prefix="drafter")], settings)
+                                                    world.tasks(warm_tasks or 8 * tasks, seed=2, prefix="drafter")],
+                 settings)
     drafters, losses = {}, {}
     for kind in ("block", "mtp"):
-        refresher = DrafterRefresher(DrafterRefreshConfig(kind=kind, steps=DRAFTER_STEPS, seq_len=48, batch=8),
+        refresher = DrafterRefresher(DrafterRefreshConfig(kind=kind, steps=steps, seq_len=48, batch=8),
                                      policy.config)
         losses[kind] = refresher.refresh(policy, token_rows(warm))
         drafters[kind] = refresher.drafter
@@ -165,6 +174,66 @@ def device_round_costs(device: str) -> None:
                   f"{c[kind] / c['step']:.2f} | {(c['verify'] + c[kind]) / c['step']:.2f} |", flush=True)
 
 
+def check(device: str, untrained: bool, out: Path | None, quick: bool = False) -> None:
+    """``--check``: plain and speculative rollouts end to end on ``device`` (the policy and drafters there; the
+    sandbox, sampling and the driver on the CPU), the engine's decode steps and verifications compiled (CUDA graphs
+    on CUDA) beside plain eager steps (the previous kernels), best of ``CHECK_ROUNDS`` rounds → a table, written to
+    ``out``. ``untrained``: a random policy instead of the SFT warm start (a dry run of the plumbing: its episodes
+    are noise); ``quick``: 1 task × 2 episodes, one round, drafters of 10 steps (with ``untrained``, the dry run
+    scripts/gpu_check.sh --dry-run makes on a CPU)."""
+    from mimo_kit.dist import Dist
+    from mimo_kit.train.sft import build_policy
+
+    tasks, group, rounds, steps = (1, 2, 1, 10) if quick else (CHECK_TASKS, CHECK_GROUP, CHECK_ROUNDS,
+                                                                 CHECK_DRAFTER_STEPS)
+    dev = torch.device(device)
+    torch._dynamo.config.recompile_limit = 64  # every batch shape of the rollouts gets its graph
+    t0 = time.perf_counter()
+    cfg = RLConfig(world="repo", progress=False)
+    world = cfg.make_world()
+    if untrained:
+        policy = build_policy(cfg.policy, cfg.seed, vocab_size=world.vocab_size)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:  # trained on the device when the kit cache lacks it
+            policy, _ = warm_start(cfg, Path(tmp), world, Dist(device=dev))
+    policy = policy.to(dev).eval()
+    settings = cfg.rollout_settings(world)
+    drafters, losses = train_drafters(policy, world, settings, tasks, group, steps, warm_tasks=2 * tasks)
+    warm_s = time.perf_counter() - t0
+    variants = [("plain, eager steps (previous kernels)", {}), ("plain, compiled steps", {"compiled": True}),
+                *((f"speculative, {k} drafter (B = 4), compiled steps", {"drafter": k, "compiled": True})
+                  for k in drafters)]
+    got = best_of(world, policy, settings, variants, drafters, tasks, group, rounds)
+    plain, fast = got[variants[0][0]], got[variants[1][0]]
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    lines = ["| decoding | generated tok/s | × plain eager | × plain compiled | tok/s over the rounds | share of wall "
+             "time in `generate` | tokens per verification |", "|---|---|---|---|---|---|---|"]
+    for label, o in got.items():
+        L = f"{o['accepted_length']:.2f}" if "drafter" in dict(variants)[label] else "—"
+        lines.append(f"| {label} | {o['tok_s']:,.1f} | {o['tok_s'] / plain['tok_s']:.2f}× | "
+                     f"{o['tok_s'] / fast['tok_s']:.2f}× | {min(o['spread']):,.0f}–{max(o['spread']):,.0f} | "
+                     f"{o['engine_share']:.0%} | {L} |")
+    spec = max((o["tok_s"] for k, o in got.items() if "drafter" in dict(variants)[k]), default=0.0)
+    text = (f"# Speculative rollouts on {name}: repo-world episodes end to end\n\n"
+            f"`python benchmarks/bench_engine.py --check --device {device}{' --untrained' if untrained else ''}"
+            f"{' --quick' if quick else ''}`\n\n"
+            f"{tasks} tasks × {group} episodes of the RL config's "
+            f"{'untrained' if untrained else 'SFT'} policy ({policy.config.num_hidden_layers} layers) on {name}; "
+            "sandbox, sampling and the rollout driver on the CPU. Best of "
+            f"{rounds} rounds per variant, the variants alternating (the first round compiles the graphs). "
+            f"Drafters trained {steps} steps each on the policy's rollouts of other tasks (final "
+            f"losses block {losses['block']:.2f}, MTP {losses['mtp']:.2f}); set-up {warm_s:.0f} s. torch "
+            f"{torch.__version__}.\n\n" + "\n".join(lines) + "\n\n"
+            f"The better speculative engine runs at {spec / fast['tok_s']:.2f}× the plain compiled engine and "
+            f"{spec / plain['tok_s']:.2f}× the plain eager one, end to end. Lossless: speculative rollouts draw from "
+            "the plain engine's distribution (the χ² tests of tests/test_engine_speculative.py, and on CUDA "
+            "tests/test_gpu.py), so their episodes differ token for token.\n")
+    print(text, flush=True)
+    if out is not None:
+        out.write_text(text)
+        print(f"→ {out}")
+
+
 def best_of(world, policy, settings, variants, drafters: dict, tasks: int, group: int, rounds: int) -> dict:
     """Each of ``variants`` ((name, engine keyword arguments)) played ``rounds`` times, alternating → {name: its
     round of least wall time, with ``spread``: every round's tok/s}."""
@@ -190,10 +259,19 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the policies and drafters run (the sandbox and sampling "
                                                     "stay on the CPU); another device than cpu writes "
                                                     "RESULTS_engine_<device>.md")
+    ap.add_argument("--check", action="store_true", help="plain vs speculative rollouts, compiled steps beside eager "
+                    "ones (scripts/gpu_check.sh); writes --out")
+    ap.add_argument("--untrained", action="store_true", help="--check with a random policy (a dry run)")
+    ap.add_argument("--out", default=None, help="--check's markdown file (default: RESULTS_engine_<device>.md "
+                    "beside this script)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.round_costs:
         return device_round_costs(args.round_costs)
+    if args.check:
+        out = Path(args.out) if args.out else Path(__file__).with_name(
+            f"RESULTS_engine_{args.device.split(':')[0]}.md")
+        return check(args.device, args.untrained, out, args.quick)
     tasks, group, rounds = (2, 2, 1) if args.quick else (4, 4, 3)
     cfg = RLConfig(world="repo", progress=False)
     world = cfg.make_world()

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# GPU check for one CUDA machine: prints the GPU (nvidia-smi) and the torch / CUDA versions, runs the `gpu` tests
-# (tests/test_gpu.py: the decoder against transformers in fp32 and bf16, pre-training, an RL step, activation
-# checkpointing and FSDP2 on the GPU), then the GPU benchmark (benchmarks/bench_gpu.py, issue shape), which writes
-# benchmarks/RESULTS_gpu.md, then the distill path (benchmarks/bench_distill_gpu.py: Qwen3.5-9B LoRA SFT at 4K tokens
-# and a 0.6B full SFT under FSDP through distill-sft's Trainer arguments, beside the memory plan), which writes
-# benchmarks/RESULTS_distill_gpu.md, then the batched speculative engine's round costs (benchmarks/bench_engine.py
-# --round-costs cuda: a decode step, a verification of 4 tokens per row and each drafter's proposal, printed with the
-# accepted length a drafter must reach to pay).
+# GPU check for one CUDA machine, cheapest stage first, each under `timeout` (the whole under 8 minutes):
 #
-# Time: about 5 minutes on one H200, never more than 8: every stage runs under `timeout` (tests 150 s, benchmark
-# 150 s with a 100 s measurement budget, distill path 130 s, round costs 30 s), plus a few seconds of set-up.
-# Installs nothing when the kit and its test dependencies import; otherwise `pip install -e ".[dev]"` constrained to
-# the torch already installed (torch is never replaced; this path needs the package index and more time). The
-# benchmark runs even when tests fail; the exit status is non-zero when any stage failed.
+#   machine (~5 s)            nvidia-smi, torch / CUDA versions
+#   dependencies (~0 s)       installs nothing when the kit and its test dependencies import; otherwise
+#                             `pip install -e ".[dev]"` constrained to the torch already installed (never replaced)
+#   round costs (≤ 25 s)      benchmarks/bench_engine.py --round-costs: a decode step, a verification of 4 tokens
+#                             per row and each drafter's proposal, with the accepted length a drafter must reach
+#   gpu tests (≤ 120 s)        tests marked gpu: the decoder against transformers in fp32 and bf16, training on
+#                             CUDA, FSDP2, FlexAttention's logits and gradients against the eager kernels, compiled
+#                             decode on CUDA graphs against the eager step, speculative rollouts lossless (χ²)
+#   benchmark (≤ 140 s)       benchmarks/bench_gpu.py (issue shape, 100 s of measurements): MFU of the train step and
+#                             the 16K prefill with the previous (eager) and fused (flex) attention kernels, batch-1
+#                             decode at 8,192 tokens eager vs compiled against the HBM bound → RESULTS_gpu.md
+#   speculative rollouts (≤ 85 s)  benchmarks/bench_engine.py --check: repo-world episodes end to end, plain eager,
+#                             plain compiled and speculative compiled engines → RESULTS_engine_cuda.md
+#   distill path (≤ 90 s)     benchmarks/bench_distill_gpu.py: Qwen3.5-9B LoRA SFT at 4K tokens and a 0.6B full SFT
+#                             under FSDP through distill-sft's Trainer arguments, beside the plan
+#                             → RESULTS_distill_gpu.md
 #
-#     bash scripts/gpu_check.sh    # from any directory; the interpreter: $PYTHON, else .venv/bin/python, else python3
+# Every stage runs even when an earlier one failed; the exit status is non-zero when any did.
+#
+#     bash scripts/gpu_check.sh              # from any directory; interpreter: $PYTHON, else .venv/bin/python,
+#                                            # else python3; results into benchmarks/ (or $GPU_CHECK_OUT)
+#     bash scripts/gpu_check.sh --dry-run    # every stage on the CPU at toy size, results into a temporary folder
+#                                            # (or $GPU_CHECK_OUT): the plumbing, no GPU figures
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -29,9 +38,28 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's kit, what
 failed=()
 stage() { printf '\n==== %s (%d s elapsed) ====\n' "$1" "$SECONDS"; }
 
+dry=0
+if [[ "${1:-}" == "--dry-run" ]]; then
+    dry=1
+elif [[ -n "${1:-}" ]]; then
+    echo "usage: bash scripts/gpu_check.sh [--dry-run]"; exit 2
+fi
+if ((dry)); then
+    DEV=cpu
+    OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
+else
+    DEV=cuda
+    OUT=${GPU_CHECK_OUT:-benchmarks}
+fi
+mkdir -p "$OUT"
+
 stage "machine"
-echo "python: $PY"
-nvidia-smi || failed+=("nvidia-smi")
+echo "python: $PY · device: $DEV · results: $OUT"
+if ((dry)); then
+    echo "dry run: every stage on the CPU at toy size"
+else
+    nvidia-smi || failed+=("nvidia-smi")
+fi
 "$PY" - <<'PYEOF'
 import torch
 
@@ -47,8 +75,8 @@ for i in range(torch.cuda.device_count()):
     p = torch.cuda.get_device_properties(i)
     print(f"  cuda:{i} {p.name}, {p.total_memory / 2**30:.0f} GiB, sm_{p.major}{p.minor}")
 PYEOF
-if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "FAILED: torch does not import or sees no CUDA device; nothing to check here"
+if ((!dry)) && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "FAILED: torch does not import or sees no CUDA device; nothing to check here (try --dry-run)"
     exit 1
 fi
 
@@ -64,6 +92,9 @@ else
     rm -f "$constraints"
 fi
 
+stage "speculative round costs"
+timeout -k 5 25 "$PY" benchmarks/bench_engine.py --round-costs "$DEV" || failed+=("speculative round costs (rc $?)")
+
 stage "gpu tests"
 per_test=()
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then
@@ -71,23 +102,37 @@ if "$PY" -c "import pytest_timeout" 2>/dev/null; then
 fi
 # only the files that hold gpu-marked tests: the others need the notebook stack, which a GPU image may lack
 mapfile -t gpu_files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
-timeout -k 10 150 "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} "${gpu_files[@]}" \
-    || failed+=("gpu tests (rc $?)")
+collect=()
+((dry)) && collect=(--collect-only)  # a CPU skips them: the dry run checks that they collect
+timeout -k 10 120 "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} ${collect[@]+"${collect[@]}"} \
+    "${gpu_files[@]}" || failed+=("gpu tests (rc $?)")
 
 stage "benchmark"
-timeout -k 10 150 "$PY" benchmarks/bench_gpu.py --device cuda --shape issue --budget 100 \
-    --out benchmarks/RESULTS_gpu.md || failed+=("benchmark (rc $?)")
+if ((dry)); then
+    bench=(--device cpu --shape tiny --budget 60)
+else
+    bench=(--device cuda --shape issue --budget 100)
+fi
+timeout -k 10 140 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --no-compare --out "$OUT/RESULTS_gpu.md" \
+    || failed+=("benchmark (rc $?)")
+
+stage "speculative rollouts"
+engine=(--check --device "$DEV" --out "$OUT/RESULTS_engine_$DEV.md")
+((dry)) && engine+=(--untrained --quick)
+timeout -k 10 85 "$PY" benchmarks/bench_engine.py "${engine[@]}" || failed+=("speculative rollouts (rc $?)")
 
 stage "distill path"
-timeout -k 10 130 "$PY" benchmarks/bench_distill_gpu.py --shape issue --steps 4 \
-    --out benchmarks/RESULTS_distill_gpu.md || failed+=("distill path (rc $?)")
-
-stage "speculative round costs"
-timeout -k 5 30 "$PY" benchmarks/bench_engine.py --round-costs cuda || failed+=("speculative round costs (rc $?)")
+if ((dry)); then
+    distill=(--shape tiny --steps 2)
+else
+    distill=(--shape issue --steps 4)
+fi
+timeout -k 10 90 "$PY" benchmarks/bench_distill_gpu.py "${distill[@]}" --out "$OUT/RESULTS_distill_gpu.md" \
+    || failed+=("distill path (rc $?)")
 
 stage "summary"
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all GPU checks passed; results in benchmarks/RESULTS_gpu.md and benchmarks/RESULTS_distill_gpu.md"
+echo "all GPU checks passed ($SECONDS s); results in $OUT: RESULTS_gpu.md, RESULTS_engine_$DEV.md, RESULTS_distill_gpu.md"

@@ -131,3 +131,35 @@ def test_the_distill_path_bench_runs_its_cases_on_the_tiny_shape(tmp_path):
         assert number(row["tokens/s"]) > 0 and number(row["planned tensors GiB"]) >= 0 and row["steps"] == "2"
         assert row["trained dtypes"] == "float32"  # adapters, or the full model's master weights
     assert number(rows["lora"]["model"].rstrip("MB")) > 0
+
+
+@pytest.mark.slow
+@pytest.mark.outcome  # its stages train (the benchmark's step, the drafters, the distill cases)
+def test_gpu_check_dry_run_runs_every_stage_on_the_cpu(tmp_path):
+    """scripts/gpu_check.sh --dry-run: every stage of the GPU check runs on the CPU at toy size, in the order and
+    under the timeouts of a GPU run, and writes its three result files into $GPU_CHECK_OUT (the committed results
+    are left alone)."""
+    out = tmp_path / "results"
+    committed = {p: p.read_bytes() for p in (ROOT / "benchmarks").glob("RESULTS_*.md")}
+    env = {**os.environ, "GPU_CHECK_OUT": str(out), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--dry-run"], capture_output=True, text=True,
+                       cwd=tmp_path, env=env, timeout=600)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    stages = [line.split("==== ")[1].split(" (")[0] for line in r.stdout.splitlines() if line.startswith("==== ")]
+    assert stages == ["machine", "dependencies", "speculative round costs", "gpu tests", "benchmark",
+                      "speculative rollouts", "distill path", "summary"]
+    assert "all GPU checks passed" in r.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["RESULTS_distill_gpu.md", "RESULTS_engine_cpu.md",
+                                                     "RESULTS_gpu.md"]
+    gpu = (out / "RESULTS_gpu.md").read_text()
+    assert "decode 1 row at 256 tokens, compiled step" in gpu and "prefill 512 tok, flex attention" in gpu
+    engine = parse_table((out / "RESULTS_engine_cpu.md").read_text())
+    assert [k.split(",")[0] for k in engine] == ["plain", "plain", "speculative", "speculative"]
+    assert {p: p.read_bytes() for p in (ROOT / "benchmarks").glob("RESULTS_*.md")} == committed
+
+
+def test_gpu_check_refuses_an_unknown_argument():
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--fast"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "usage: bash scripts/gpu_check.sh [--dry-run]" in r.stdout

@@ -195,7 +195,7 @@ def test_parking_lowers_peak_kv_during_tool_waits_with_identical_samples(repo):
 
 
 @pytest.mark.parametrize("clash", [{"r3": True}, {"staleness": 2}, {"speculative": True}, {"engines": 2},
-                                   {"prefix_cache_mib": 8.0}])
+                                   {"prefix_cache_mib": 8.0}, {"compiled_decode": True}])
 def test_rl_refuses_what_the_continuous_engine_cannot_run(clash):
     from mimo_kit.config.base import ConfigError
     from mimo_kit.train.config import RLConfig

@@ -16,8 +16,8 @@ V, T, TOP_P = 5, 0.9, 0.8
 PROMPT = [1, 2, 0, 3, 4, 1]
 
 
-@pytest.fixture(scope="module")
-def pair():
+def make_pair():
+    """(backbone, MTP drafter) on the CPU: 5 tokens, a drafter whose q differs visibly from the target."""
     torch.manual_seed(4)
     bb = MiMoForCausalLM(MiMoConfig.preset("tiny", vocab_size=V, initializer_range=0.3)).eval()
     drafter = MTPDrafter(MTPConfig.preset("tiny", block_size=3), bb.config).eval()
@@ -27,6 +27,11 @@ def pair():
             if "norm" not in name:
                 p.normal_(0.0, 0.3, generator=g)
     return bb, drafter
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return make_pair()
 
 
 def _target(bb, prefixes: torch.Tensor) -> torch.Tensor:
@@ -75,14 +80,15 @@ def _no_near_ties_in_three_tokens(bb, no_near_ties) -> None:
     assert min(_truncation_margin(bb, _prefixes(n)) for n in range(3)) > LOGIT_TIE
 
 
-def _pvalue(bb, drafter, n=300) -> tuple[float, int]:
-    """(χ² p-value of the (t2, t3) counts against the exact truncated law, tokens emitted outside the top-p set)."""
-    eng = InProcessEngine(bb, seed=1, drafter=drafter)
+def _pvalue(bb, drafter, n=300, exact=None, **engine) -> tuple[float, int]:
+    """(χ² p-value of the (t2, t3) counts against the exact truncated law, tokens emitted outside the top-p set);
+    ``exact``: the law when ``bb`` cannot compute it here (on another device), ``engine``: the engine's options."""
+    eng = InProcessEngine(bb, seed=1, drafter=drafter, **engine)
     reqs = [GenerationRequest(f"r{i}", PROMPT, max_new_tokens=3, temperature=T, top_p=TOP_P) for i in range(n)]
     counts = torch.zeros(V, V)
     for o in eng.generate(reqs):
         counts[o.token_ids[1], o.token_ids[2]] += 1
-    exact = _exact_joint(bb)
+    exact = _exact_joint(bb) if exact is None else exact
     keep = exact.flatten() * n >= 5  # cells the truncation leaves possible, often enough for the test
     outside = int(counts.flatten()[exact.flatten() == 0].sum())
     f_exp = exact.flatten()[keep] / exact.flatten()[keep].sum() * counts.flatten()[keep].sum()

@@ -286,7 +286,8 @@ def test_compiled_verification_equals_the_eager_block_over_rounds_in_one_graph(m
 def test_the_engine_decodes_compiled_as_it_decodes_eagerly(monkeypatch):
     """InProcessEngine(compiled=True): plain and speculative rollouts through the compiled decode and verification
     steps (traced by dynamo's eager backend) sample the same tokens as the eager engine from the same seed, the
-    batch's cache length rounded up to the bucket."""
+    batch's cache rounded up to its bucket (rows to a power of two, length to GRAPH_LEN_BUCKET) and the
+    prompt tokens prefilled counted as without the pad row."""
     from mimo_kit.infra import engine as engine_mod
     from mimo_kit.infra.engine import GenerationRequest, InProcessEngine
     from mimo_kit.model import fast_decode
@@ -310,7 +311,7 @@ def test_the_engine_decodes_compiled_as_it_decodes_eagerly(monkeypatch):
 
     class Counted(StaticKVCache):
         def __init__(self, cfg, batch, max_len, **kw):
-            lengths.append(max_len)
+            lengths.append((batch, max_len))
             super().__init__(cfg, batch, max_len, **kw)
 
     monkeypatch.setattr(engine_mod, "StaticKVCache", Counted)
@@ -319,10 +320,24 @@ def test_the_engine_decodes_compiled_as_it_decodes_eagerly(monkeypatch):
     drafter = MTPDrafter(MTPConfig.preset("tiny", block_size=3), model.config).eval()
     requests = [GenerationRequest(f"r{i}", [1 + i, 2, 3 + i], max_new_tokens=12, temperature=0.8) for i in range(3)]
     for d in (None, drafter):
-        outs = [InProcessEngine(model, seed=7, drafter=d, compiled=c).generate(requests) for c in (False, True)]
+        engines = [InProcessEngine(model, seed=7, drafter=d, compiled=c) for c in (False, True)]
+        outs = [e.generate(requests) for e in engines]
         assert [o.token_ids for o in outs[1]] == [o.token_ids for o in outs[0]]
+        assert engines[1].prefill_tokens == engines[0].prefill_tokens == 9
+        assert engines[1].kv_peak_bytes == engines[0].kv_peak_bytes
         for a, b in zip(outs[0], outs[1]):
             assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
-    assert lengths == [15, engine_mod.COMPILED_LEN_BUCKET]
+    assert lengths == [(3, 15), (4, fast_decode.GRAPH_LEN_BUCKET)]  # compiled: a pad row, a rounded length
     assert calls["decode"] == 11 and calls["verify"] > 0, calls  # 12 tokens: the prefill's and 11 decode steps
     torch._dynamo.reset()
+
+
+def test_rl_config_compiled_decode_reaches_the_in_process_engine():
+    from mimo_kit.dist import Dist
+    from mimo_kit.train.config import RLConfig
+    from mimo_kit.train.engines import one_engine
+
+    model = random_model(0)
+    for flag in (False, True):
+        cfg = RLConfig(world="toy", compiled_decode=flag)
+        assert one_engine(model, cfg, cfg.make_world(), Dist(), 0).compiled is flag

@@ -247,3 +247,16 @@ def test_compiled_decode_on_cuda_graphs_equals_the_eager_step():
             comp.rollback([1, 0, 2])
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     torch._dynamo.reset()
+
+
+def test_speculative_rollouts_on_cuda_graphs_follow_the_truncated_target(no_near_ties):
+    """Lossless on the GPU: the engine on CUDA with compiled steps (verification blocks as CUDA graphs) draws
+    (t2, t3) from the exact truncated law computed on the CPU (χ² as tests/test_engine_speculative.py)."""
+    import test_engine_speculative as spec
+
+    bb, drafter = spec.make_pair()
+    spec._no_near_ties_in_three_tokens(bb, no_near_ties)
+    exact = spec._exact_joint(bb)
+    with exact_fp32():
+        pvalue, outside = spec._pvalue(bb.to(DEV), drafter.to(DEV), exact=exact, compiled=True)
+    assert outside == 0 and pvalue > 1e-3, (pvalue, outside)

@@ -30,7 +30,7 @@ import torch
 
 from mimo_kit.infra.prefix_cache import PrefixCache
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.model.fast_decode import StaticKVCache, decode_step
+from mimo_kit.model.fast_decode import StaticKVCache, decode_step, graph_len
 from mimo_kit.model.generate import sample_next
 
 #: "error": the engine refused this one request (a SGLang server's 400 for it alone); no tokens, ``error`` says why
@@ -116,11 +116,6 @@ def candidate_logmass(logits: torch.Tensor, kept: torch.Tensor, temperature: flo
     return lsm.masked_fill(~kept, float("-inf")).logsumexp(-1)
 
 
-#: compiled decoding rounds a batch's cache length up to a multiple of this many positions: one graph serves
-#: every batch of the same size up to that length (each new shape compiles, seconds to a minute)
-COMPILED_LEN_BUCKET = 256
-
-
 class InProcessEngine:
     """The embedded engine: the kit decoder or a transformers causal LM, batched decode with a KV cache.
 
@@ -150,9 +145,10 @@ class InProcessEngine:
     :attr:`spec` counts rounds, drafts proposed and accepted (reset it to log a step's acceptance).
 
     ``compiled`` runs the fast path's decode steps and speculative verifications as compiled graphs
-    (:func:`~mimo_kit.model.fast_decode.compiled_step`; on CUDA, CUDA graphs: a step is one launch), the batch's
-    cache length rounded up to ``COMPILED_LEN_BUCKET`` so that batches of nearby lengths share a graph. Each new
-    (batch, length) shape compiles once (seconds to a minute): worth it for long generations on a GPU.
+    (:func:`~mimo_kit.model.fast_decode.compiled_step`; on CUDA, CUDA graphs: a step is one launch). A plain
+    batch's cache is bucketed so that batches share graphs: its rows rounded up to a power of two (pad rows decode
+    pad tokens, their logits dropped), its length up to a multiple of ``GRAPH_LEN_BUCKET``. Each new shape
+    compiles once (seconds to a minute): worth it for long generations on a GPU.
     """
 
     def __init__(self, model: torch.nn.Module, *, seed: int = 0, copy_weights: bool = True, pad_id: int = 0,
@@ -223,12 +219,20 @@ class InProcessEngine:
         On a :class:`StaticKVCache` (the kit's fast path) the first call prefills ``ids``, a list of prompts of
         any lengths (``prefixes``: a stored KV per row, or None); later calls decode ids [B, 1]."""
         if isinstance(cache, StaticKVCache):
+            B, extra = len(ids), cache.batch - len(ids)  # compiled: rows past B pad the batch to its bucket
             if cache.span == 0:
-                logits = cache.prefill(self.model, ids, prefixes).float().cpu()
-                self.prefill_tokens += cache.prefilled
+                prompts = [*ids, *[[self.pad_id]] * extra]
+                if prefixes is not None:
+                    prefixes = [*prefixes, *[None] * extra]
+                logits = cache.prefill(self.model, prompts, prefixes)[:B].float().cpu()
+                shared = any(list(q) == [self.pad_id] and (prefixes is None or prefixes[i] is None)
+                             for i, q in enumerate(ids))  # a real prompt the pad rows' forward is shared with
+                self.prefill_tokens += cache.prefilled - (extra > 0 and not shared)  # the pad rows: one forward
                 return logits, cache
-            return (decode_step(self.model, ids[:, 0].to(self.device), cache, compiled=self.compiled).float().cpu(),
-                    cache)
+            step = ids[:, 0].to(self.device)
+            if extra:
+                step = torch.cat([step, step.new_full((extra,), self.pad_id)])
+            return decode_step(self.model, step, cache, compiled=self.compiled)[:B].float().cpu(), cache
         ids = ids.to(self.device)
         if self.is_kit:
             if cache.seq_len == 0:
@@ -239,13 +243,14 @@ class InProcessEngine:
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float().cpu(), out.past_key_values
 
+    def _cache_batch(self, batch: int) -> int:
+        """A decode batch's cache rows: compiled, the next power of two (each cache shape is a graph of its own;
+        the rows past ``batch`` decode pad tokens, and their logits are dropped), else ``batch``."""
+        return 1 << (batch - 1).bit_length() if self.compiled else batch
+
     def _cache_len(self, length: int) -> int:
-        """A decode batch's cache length: compiled, rounded up to a multiple of ``COMPILED_LEN_BUCKET`` (each
-        cache shape is a graph of its own: batches of nearby lengths share one), else ``length``."""
-        if not self.compiled:
-            return length
-        limit = self.model.config.max_position_embeddings
-        return min(max(length, -(-length // COMPILED_LEN_BUCKET) * COMPILED_LEN_BUCKET), limit)
+        """A decode batch's cache length: compiled, rounded up to a graph bucket (:func:`graph_len`)."""
+        return graph_len(self.model.config, length) if self.compiled else length
 
     def _new_cache(self) -> Any:
         return self.model.new_cache() if self.is_kit else None
@@ -367,7 +372,7 @@ class InProcessEngine:
         with ctx as record:
             if fast:
                 length = max(len(r.prompt_ids) for r in reqs) + r0.max_new_tokens
-                cache = StaticKVCache(self.model.config, B, self._cache_len(length),
+                cache = StaticKVCache(self.model.config, self._cache_batch(B), self._cache_len(length),
                                       dtype=next(self.model.parameters()).dtype, device=self.device)
                 store = self.prefix_cache
                 prefixes = None if store is None else [store.lookup(r.prompt_ids) for r in reqs]
@@ -410,7 +415,7 @@ class InProcessEngine:
                 if bool(done.all()):
                     break
         if fast:  # every row holds its KV until the batch ends (rows that stopped were fed pads)
-            held = sum(cache.held_bytes(n) for n in cache.lengths.tolist())
+            held = sum(cache.held_bytes(n) for n in cache.lengths[:B].tolist())
             self.kv_peak_bytes = max(self.kv_peak_bytes, held)
         if want_routing:
             captures = record.indices  # [layers, B·T + steps·B, k]

@@ -457,6 +457,16 @@ def decode_logits(model: MiMoForCausalLM, tokens: torch.Tensor, cache: StaticKVC
 _COMPILED: dict[tuple[str, str], Callable] = {}
 
 
+#: compiled decoding rounds a cache's length up to a multiple of this many positions: one graph serves every cache of
+#: the same rows up to that length (each new shape compiles, seconds to a minute)
+GRAPH_LEN_BUCKET = 256
+
+
+def graph_len(cfg: MiMoConfig, length: int) -> int:
+    """``length`` rounded up to a multiple of :data:`GRAPH_LEN_BUCKET`, at most ``max_position_embeddings``."""
+    return max(length, min(-(-length // GRAPH_LEN_BUCKET) * GRAPH_LEN_BUCKET, cfg.max_position_embeddings))
+
+
 def graph_mode(device: torch.device | str) -> str:
     """``torch.compile`` mode of the decode steps: ``"reduce-overhead"`` on CUDA (inductor's kernels captured in a
     CUDA graph: a step is one graph launch, so batch-1 decode is bound by reading the weights, not by launching

@@ -37,7 +37,7 @@ import torch
 
 from mimo_kit.model.cache import KVCache
 from mimo_kit.model.decoder import MiMoForCausalLM
-from mimo_kit.model.fast_decode import StaticKVCache, verify_step
+from mimo_kit.model.fast_decode import StaticKVCache, graph_len, verify_step
 from mimo_kit.speculative.decode import (
     SpecResult,
     check_sampling,
@@ -84,7 +84,8 @@ def speculative_sample_rows(backbone: MiMoForCausalLM, drafter: Any, prompts: Se
     device = next(backbone.parameters()).device
     stops = set(stop_token_ids)
     # every kept token plus one block past the last; the slack lets a row drop a whole block (rows that ended)
-    cache = StaticKVCache(backbone.config, N, max(len(p) for p in prompts) + max_new_tokens + B,
+    length = max(len(p) for p in prompts) + max_new_tokens + B
+    cache = StaticKVCache(backbone.config, N, graph_len(backbone.config, length) if compiled else length,
                           dtype=next(backbone.parameters()).dtype, device=device, slack=B)
     state = drafter.rows_state(N, device)
 

@@ -184,6 +184,9 @@ class RLConfig(Config):
                                 "parks a waiting episode's KV in host memory during its tool call (Report §6, "
                                 "ContinuousEngine); 0 = the turn-synchronous driver, whose draws earlier results "
                                 "were made with", min=0)
+    compiled_decode: bool = knob(False, "in-process kit engines decode and verify drafts through compiled steps "
+                                 "(CUDA graphs on CUDA); off by default: each new batch shape compiles, seconds "
+                                 "to a minute on a CPU, more than a toy run spends decoding")
     engine_kv_tokens: float = knob(0.0, "KV tokens per engine that decode at once (predictive dispatch, Report §6); "
                                    "0 = unbounded: all of an engine's groups decode together", min=0.0)
     collective_timeout_s: float = knob(
@@ -300,7 +303,7 @@ class RLConfig(Config):
             clash = {"r3": self.r3, "staleness > 0": self.staleness > 0, "speculative": self.speculative,
                      "prefix_cache_mib > 0": self.prefix_cache_mib > 0, "engines > 1": self.engines > 1,
                      "engine_url": bool(self.engine_url), "pool": bool(self.pool),
-                     "student.model": bool(self.student.model)}
+                     "student.model": bool(self.student.model), "compiled_decode": self.compiled_decode}
             clash = [k for k, v in clash.items() if v]
             if clash:
                 raise ConfigError(f"RLConfig.continuous_rows={self.continuous_rows} with {', '.join(clash)}: the "

@@ -102,7 +102,7 @@ def one_engine(model, cfg: RLConfig, world: Any, d: Dist, i: int) -> Any:
         return ContinuousEngine(weights, rows=cfg.continuous_rows, seed=cfg.seed + i, copy_weights=not sharded)
     return InProcessEngine(weights, seed=cfg.seed + i, copy_weights=not sharded,
                            pad_id=world.pad_id if cfg.student.model else 0,
-                           prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20))
+                           prefix_cache_bytes=int(cfg.prefix_cache_mib * 2**20), compiled=cfg.compiled_decode)
 
 
 # ---- the harness pool -------------------------------------------------------------------------------------------
