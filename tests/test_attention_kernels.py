@@ -129,6 +129,24 @@ def test_decoder_logits_and_chunked_prefill_equal_the_eager_decoder(shape):
     torch.testing.assert_close(torch.cat(parts, dim=1), ref, atol=1e-5, rtol=1e-4)
 
 
+def test_under_autocast_the_kernel_gets_one_dtype_and_the_logits_match(monkeypatch):
+    """Under bf16 autocast the roped queries and keys come out in fp32 and the values in bf16: the fused kernel
+    (which wants one dtype) gets all three in bf16, and the logits stay within bf16 rounding of the eager path."""
+    seen = []
+
+    def checked(q, k, v, **kw):
+        seen.append({q.dtype, k.dtype, v.dtype})
+        return attention._eager_flex(q, k, v, **kw)
+
+    monkeypatch.setattr(attention, "_flex_kernel", lambda device: checked)
+    eager, flex = model_pair(2)
+    ids = torch.randint(0, eager.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        ref, out = eager(ids).logits.float(), flex(ids).logits.float()
+    assert seen and all(d == {torch.bfloat16} for d in seen), seen
+    assert float((out - ref).norm() / ref.norm()) < 2e-2
+
+
 def test_training_with_flex_on_the_cpu_is_refused_by_name():
     _, flex = model_pair(0)
     ids = torch.randint(0, flex.config.vocab_size, (1, 9))

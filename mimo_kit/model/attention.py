@@ -191,6 +191,14 @@ def flex_sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_pas
 
     B, KV, G, L, D = q.shape
     S = k.shape[2]
+    # one dtype for the kernel: under autocast its compute dtype (roped q/k leave the projections in fp32 when the
+    # rope tables are, values do not), else the widest of the three
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+    else:
+        dtype = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     mask = flex_block_mask(L, S, n_past, window, str(q.device))
     kernel = _flex_kernel(q.device)
     qh = q.reshape(B, KV * G, L, D)
