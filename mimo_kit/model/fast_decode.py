@@ -487,12 +487,15 @@ def compiled_step(step: str, device: torch.device | str) -> Callable:
 
 
 def _graph_ready(model: MiMoForCausalLM, cache: StaticKVCache) -> None:
-    """Before a compiled step: the rope tables built eagerly (built inside the graph, step 2 would fail a guard and
-    compile again) and, once per cache, its buffers marked static addresses: a CUDA graph reads and writes the
-    cache in place (keys, values, ``lengths``) instead of copying it into the graph's own inputs every replay."""
+    """Before a compiled step: the rope tables and the sink columns built eagerly (built inside the graph, step 2
+    would fail a guard and compile again, and a CUDA graph's replay could overwrite them) and, once per cache, its
+    buffers marked static addresses: a CUDA graph reads and writes the cache in place (keys, values, ``lengths``)
+    instead of copying it into the graph's own inputs every replay."""
     tables = _rope_tables(model, cache)
+    sinks = [_sink_column(cache, i, layer.self_attn) for i, layer in enumerate(model.model.layers)
+             if layer.self_attn.is_swa]  # eagerly too: a tensor a graph creates lives in (and dies with) its pool
     if not cache.__dict__.get("_static"):
-        for t in [*cache.k, *cache.v, cache.lengths, *(x for pair in tables.values() for x in pair)]:
+        for t in [*cache.k, *cache.v, cache.lengths, *(x for pair in tables.values() for x in pair), *sinks]:
             torch._dynamo.mark_static_address(t, guard=False)
         cache._static = True
     if graph_mode(cache.lengths.device) == "reduce-overhead":
