@@ -23,7 +23,7 @@
 #     bash scripts/gpu_check.sh              # from any directory; interpreter: $PYTHON, else .venv/bin/python,
 #                                            # else python3; results into benchmarks/ (or $GPU_CHECK_OUT)
 #     bash scripts/gpu_check.sh --dry-run    # every stage on the CPU at toy size, results into a temporary folder
-#                                            # (or $GPU_CHECK_OUT): the plumbing, no GPU figures
+#                                            # (or $GPU_CHECK_OUT), timeouts × 4: the plumbing, no GPU figures
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1
@@ -47,9 +47,11 @@ fi
 if ((dry)); then
     DEV=cpu
     OUT=${GPU_CHECK_OUT:-$(mktemp -d)}
+    scale=4  # a CPU compiles the decode graphs in tens of seconds each: the dry run checks the plumbing, not time
 else
     DEV=cuda
     OUT=${GPU_CHECK_OUT:-benchmarks}
+    scale=1
 fi
 mkdir -p "$OUT"
 
@@ -93,7 +95,8 @@ else
 fi
 
 stage "speculative round costs"
-timeout -k 5 25 "$PY" benchmarks/bench_engine.py --round-costs "$DEV" || failed+=("speculative round costs (rc $?)")
+timeout -k 5 $((25 * scale)) "$PY" benchmarks/bench_engine.py --round-costs "$DEV" \
+    || failed+=("speculative round costs (rc $?)")
 
 stage "gpu tests"
 per_test=()
@@ -104,7 +107,7 @@ fi
 mapfile -t gpu_files < <(grep -l "pytest.mark.gpu" tests/test_*.py)
 collect=()
 ((dry)) && collect=(--collect-only)  # a CPU skips them: the dry run checks that they collect
-timeout -k 10 120 "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} ${collect[@]+"${collect[@]}"} \
+timeout -k 10 $((120 * scale)) "$PY" -m pytest -m gpu -q ${per_test[@]+"${per_test[@]}"} ${collect[@]+"${collect[@]}"} \
     "${gpu_files[@]}" || failed+=("gpu tests (rc $?)")
 
 stage "benchmark"
@@ -113,13 +116,14 @@ if ((dry)); then
 else
     bench=(--device cuda --shape issue --budget 100)
 fi
-timeout -k 10 140 "$PY" benchmarks/bench_gpu.py "${bench[@]}" --no-compare --out "$OUT/RESULTS_gpu.md" \
+timeout -k 10 $((140 * scale)) "$PY" benchmarks/bench_gpu.py "${bench[@]}" --no-compare --out "$OUT/RESULTS_gpu.md" \
     || failed+=("benchmark (rc $?)")
 
 stage "speculative rollouts"
 engine=(--check --device "$DEV" --out "$OUT/RESULTS_engine_$DEV.md")
 ((dry)) && engine+=(--untrained --quick)
-timeout -k 10 85 "$PY" benchmarks/bench_engine.py "${engine[@]}" || failed+=("speculative rollouts (rc $?)")
+timeout -k 10 $((85 * scale)) "$PY" benchmarks/bench_engine.py "${engine[@]}" \
+    || failed+=("speculative rollouts (rc $?)")
 
 stage "distill path"
 if ((dry)); then
@@ -127,7 +131,8 @@ if ((dry)); then
 else
     distill=(--shape issue --steps 4)
 fi
-timeout -k 10 90 "$PY" benchmarks/bench_distill_gpu.py "${distill[@]}" --out "$OUT/RESULTS_distill_gpu.md" \
+timeout -k 10 $((90 * scale)) "$PY" benchmarks/bench_distill_gpu.py "${distill[@]}" \
+    --out "$OUT/RESULTS_distill_gpu.md" \
     || failed+=("distill path (rc $?)")
 
 stage "summary"
@@ -135,4 +140,5 @@ if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}"
     exit 1
 fi
-echo "all GPU checks passed ($SECONDS s); results in $OUT: RESULTS_gpu.md, RESULTS_engine_$DEV.md, RESULTS_distill_gpu.md"
+echo "all GPU checks passed ($SECONDS s); results in $OUT:" \
+    "RESULTS_gpu.md, RESULTS_engine_$DEV.md, RESULTS_distill_gpu.md"
