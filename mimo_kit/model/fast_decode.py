@@ -22,7 +22,8 @@ batch of rows of *different* lengths (a GRPO group, or several groups with diffe
   the bias alone, which holds the head's sink logit. softmax over ``[scores, sink]`` without a concatenation.
 - Experts: for a handful of rows the k chosen experts' weights are gathered and multiplied with ``bmm``
   (no per-expert Python loop, no host sync; eager CPU instead multiplies by each chosen expert in place, where a
-  host read is free and a gather would copy the weights); for a batch the sorted-token grouped product of
+  host read is free and a gather would copy the weights; compiled, a multiply-and-sum whose loads the gather is
+  fused into, so each chosen expert is read once); for a batch the sorted-token grouped product of
   :class:`~mimo_kit.model.moe.Experts`.
 
 Nothing in :func:`decode_logits` reads a tensor on the host (no ``.item()``, ``.tolist()``, data-dependent
@@ -42,6 +43,7 @@ order is not ``generate``'s: the RL engine keeps the old path for requests that 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -319,6 +321,14 @@ def _moe(m: MiMoMoE, x: torch.Tensor, grouped: bool = False) -> torch.Tensor:
                 out[n] += w[n, j].to(x.dtype) * F.linear(F.silu(gate) * up, ex.down_proj[e])
         return out
     flat = idx.reshape(-1)
+    if torch.compiler.is_compiling():
+        # products written as multiply-and-sum: inductor fuses the expert gather into the reduction's loads, so a
+        # step reads each chosen expert's weights once (a bmm would read a gathered copy, written first)
+        xr = x.repeat_interleave(k, dim=0).to(ex.gate_up_proj.dtype)  # [N·k, H]
+        gate, up = (ex.gate_up_proj[flat] * xr[:, None, :]).sum(-1).chunk(2, dim=-1)  # [N·k, I] each
+        h = (F.silu(gate) * up).to(ex.down_proj.dtype)
+        y = (ex.down_proj[flat] * h[:, None, :]).sum(-1)  # [N·k, H]
+        return (y.view(N, k, -1) * w[:, :, None].to(y.dtype)).sum(1).to(x.dtype)
     gu = ex.gate_up_proj[flat]  # [N·k, 2I, H]: the chosen experts only
     xr = x.repeat_interleave(k, dim=0)[:, :, None].to(gu.dtype)  # [N·k, H, 1]
     gate, up = torch.bmm(gu, xr).chunk(2, dim=1)  # [N·k, I, 1] each
@@ -474,12 +484,25 @@ def graph_mode(device: torch.device | str) -> str:
     return "reduce-overhead" if torch.device(device).type == "cuda" else "default"
 
 
+def _own_inductor_cache() -> None:
+    """Under ``ATEN_CPU_CAPABILITY`` (torch's CPU kernel set: default, avx2, avx512) inductor's CPU code goes to a
+    cache folder of that kernel set, unless ``TORCHINDUCTOR_CACHE_DIR`` names one: inductor's cache key does not
+    hold the kernel set, and C++ it generated for the machine's own vector units fails to build under another."""
+    isa = os.environ.get("ATEN_CPU_CAPABILITY")
+    if isa and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{isa}"
+
+
 def compiled_step(step: str, device: torch.device | str) -> Callable:
     """:func:`decode_logits` (``step="decode"``) or :func:`block_logits` (``"verify"``) under ``torch.compile``
     (fullgraph, static shapes), built once per process and device type. Called with ``n_keys = max_len``, one graph
     serves every step of a cache (no recompilation as the context grows); the GA keys past a row's length are
     masked, so the logits equal the eager step's up to float rounding."""
     key = (step, torch.device(device).type)
+    if key[1] == "cpu":
+        _own_inductor_cache()
     if key not in _COMPILED:
         fn = {"decode": decode_logits, "verify": block_logits}[step]
         _COMPILED[key] = torch.compile(fn, fullgraph=True, dynamic=False, mode=graph_mode(device))
@@ -491,6 +514,8 @@ def _graph_ready(model: MiMoForCausalLM, cache: StaticKVCache) -> None:
     would fail a guard and compile again, and a CUDA graph's replay could overwrite them) and, once per cache, its
     buffers marked static addresses: a CUDA graph reads and writes the cache in place (keys, values, ``lengths``)
     instead of copying it into the graph's own inputs every replay."""
+    if cache.lengths.device.type == "cpu":
+        _own_inductor_cache()  # before torch._dynamo fixes inductor's cache folder
     tables = _rope_tables(model, cache)
     sinks = [_sink_column(cache, i, layer.self_attn) for i, layer in enumerate(model.model.layers)
              if layer.self_attn.is_swa]  # eagerly too: a tensor a graph creates lives in (and dies with) its pool
