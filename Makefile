@@ -33,10 +33,12 @@ test: $(STAMP)
 
 # the fast tier and every test that asserts on the outcome of training or sampling (marker `outcome`), under another
 # set of torch's CPU kernels (ATEN_CPU_CAPABILITY: default, avx2, avx512): CI's second pass, so a test that holds on
-# one kernel set only fails there (docs/contributing.md)
+# one kernel set only fails there (docs/contributing.md); inductor's C++ cache apart, since its key does not hold the
+# kernel set
 KERNELS ?= default
 test-kernels: $(STAMP)
-	ATEN_CPU_CAPABILITY=$(KERNELS) $(PYTEST) -m "($(FAST)) or outcome"
+	ATEN_CPU_CAPABILITY=$(KERNELS) TORCHINDUCTOR_CACHE_DIR=$${TMPDIR:-/tmp}/torchinductor-kit-$(KERNELS) \
+		$(PYTEST) -m "($(FAST)) or outcome"
 
 # lint, imports, every fast unit and property test, a smoke per subsystem: the tests without a slow marker; also the
 # package's doctests that run in seconds, and that a notebook's kernel (it starts in notebooks/) imports this folder's

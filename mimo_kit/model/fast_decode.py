@@ -486,13 +486,17 @@ def graph_mode(device: torch.device | str) -> str:
 
 def _own_inductor_cache() -> None:
     """Under ``ATEN_CPU_CAPABILITY`` (torch's CPU kernel set: default, avx2, avx512) inductor's CPU code goes to a
-    cache folder of that kernel set, unless ``TORCHINDUCTOR_CACHE_DIR`` names one: inductor's cache key does not
-    hold the kernel set, and C++ it generated for the machine's own vector units fails to build under another."""
+    cache folder of that kernel set, unless ``TORCHINDUCTOR_CACHE_DIR`` names another than inductor's default (which
+    inductor writes into the environment itself, and child processes inherit): inductor's cache key does not hold
+    the kernel set, and C++ it generated for the machine's own vector units fails to build under another."""
     isa = os.environ.get("ATEN_CPU_CAPABILITY")
-    if isa and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    if not isa:
+        return
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-{isa}"
+    default = os.path.abspath(default_cache_dir())
+    if os.path.abspath(os.environ.get("TORCHINDUCTOR_CACHE_DIR", default)) == default:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = f"{default}-{isa}"
 
 
 def compiled_step(step: str, device: torch.device | str) -> Callable:
